@@ -1,0 +1,272 @@
+package io.pyflinkndb.bridge;
+
+import org.apache.flink.api.common.TaskInfo;
+import org.apache.flink.api.common.state.ListState;
+import org.apache.flink.api.common.state.ListStateDescriptor;
+import org.apache.flink.configuration.Configuration;
+import org.apache.flink.runtime.checkpoint.CheckpointOptions;
+import org.apache.flink.runtime.state.KeyGroupRange;
+import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
+import org.apache.flink.runtime.state.StateInitializationContext;
+import org.apache.flink.runtime.state.StateSnapshotContext;
+import org.apache.flink.runtime.taskmanager.TaskManagerRuntimeInfo;
+import org.apache.flink.streaming.api.operators.StreamingRuntimeContext;
+import org.apache.flink.streaming.api.operators.python.AbstractPythonFunctionOperator;
+
+import pemja.core.PythonInterpreter;
+
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.OptionalLong;
+import java.util.TreeMap;
+
+/**
+ * The life-cycle logic shared by {@link NdbKeyedProcessOperator} and {@link
+ * NdbKeyedCoProcessOperator}: one instance per running operator (transient, built at runtime).
+ *
+ * <p>The Python side contract (module {@code pyflink_ndb.runtime.bridge}) is described in
+ * {@code java-bridge/README.md}. In short, in the operator's own PEMJA interpreter:
+ *
+ * <pre>
+ * from pyflink_ndb.runtime.bridge import bind as ndb_bind
+ * ndb_bind_info  = "&lt;JSON&gt;"            # str
+ * ndb_key_groups = &lt;KeyGroupProbe&gt;       # Java object, .currentKeyGroup() -> int
+ * ndb_backend    = ndb_bind(ndb_bind_info, ndb_key_groups)
+ * ndb_backend.snapshot(checkpoint_id: int, is_savepoint: bool)
+ * ndb_backend.epoch_offset() -> int | None
+ * ndb_backend.notify_checkpoint_complete(checkpoint_id: int)
+ * ndb_backend.notify_checkpoint_aborted(checkpoint_id: int)
+ * ndb_backend.finish()
+ * ndb_backend.close()
+ * </pre>
+ */
+final class StateBackendHooks {
+
+    private static final Logger LOG = LoggerFactory.getLogger(StateBackendHooks.class);
+
+    /** Prefix of the cluster / job configuration keys handed to Python. */
+    static final String OPTION_PREFIX = "state.backend.ndb.";
+
+    /** Name of the union list state that carries the epoch offset across restores. */
+    static final String EPOCH_OFFSET_STATE = "pyflink-ndb-epoch-offset";
+
+    /** Python global names. */
+    static final String PY_BIND_INFO = "ndb_bind_info";
+
+    static final String PY_KEY_GROUPS = "ndb_key_groups";
+    static final String PY_BACKEND = "ndb_backend";
+
+    private final AbstractPythonFunctionOperator<?> operator;
+    private final String stateOptionsJson;
+
+    /** Restored checkpoint id, or null on a fresh start. */
+    private Long restoredCheckpointId;
+
+    /** Max of the restored union list state, or null if none was restored. */
+    private Long restoredEpochOffset;
+
+    private ListState<Long> epochOffsetState;
+
+    /** Non-null iff {@code ndb_backend} was bound in this interpreter and not closed yet. */
+    private PythonInterpreter boundInterpreter;
+
+    /** Set by the 4-arg snapshotState, read by snapshotState(ctx) of the same checkpoint. */
+    private long lastSnapshotCheckpointId = Long.MIN_VALUE;
+
+    private boolean lastSnapshotIsSavepoint;
+
+    StateBackendHooks(AbstractPythonFunctionOperator<?> operator, String stateOptionsJson) {
+        this.operator = operator;
+        this.stateOptionsJson = stateOptionsJson == null ? "{}" : stateOptionsJson;
+    }
+
+    /** Call after {@code super.initializeState(ctx)}. */
+    void initializeState(StateInitializationContext ctx) throws Exception {
+        OptionalLong restored = ctx.getRestoredCheckpointId();
+        restoredCheckpointId = restored.isPresent() ? restored.getAsLong() : null;
+
+        epochOffsetState =
+                ctx.getOperatorStateStore()
+                        .getUnionListState(new ListStateDescriptor<>(EPOCH_OFFSET_STATE, Long.class));
+        restoredEpochOffset = null;
+        if (ctx.isRestored()) {
+            Iterable<Long> values = epochOffsetState.get();
+            if (values != null) {
+                for (Long v : values) {
+                    if (v != null && (restoredEpochOffset == null || v > restoredEpochOffset)) {
+                        restoredEpochOffset = v;
+                    }
+                }
+            }
+        }
+    }
+
+    /**
+     * Binds {@code ndb_backend} in the operator's interpreter. Call from {@code
+     * openPythonInterpreter()} BEFORE {@code super.openPythonInterpreter()}, so that the user's
+     * {@code open()} already finds the backend.
+     */
+    void bind(PythonInterpreter interpreter) {
+        if (interpreter == null) {
+            throw new IllegalStateException("pyflink-ndb: no Python interpreter to bind to");
+        }
+        KeyGroupProbe probe = new KeyGroupProbe(operator, maxParallelism());
+        String info = bindInfoJson();
+        interpreter.exec("from pyflink_ndb.runtime.bridge import bind as ndb_bind");
+        interpreter.set(PY_BIND_INFO, info);
+        interpreter.set(PY_KEY_GROUPS, probe);
+        interpreter.exec(PY_BACKEND + " = ndb_bind(" + PY_BIND_INFO + ", " + PY_KEY_GROUPS + ")");
+        boundInterpreter = interpreter;
+        TaskInfo ti = operator.getRuntimeContext().getTaskInfo();
+        LOG.info(
+                "pyflink-ndb: bound Python state backend for {} (operator {}), restored checkpoint {}, "
+                        + "restored epoch offset {}",
+                ti.getTaskNameWithSubtasks(),
+                operator.getOperatorID(),
+                restoredCheckpointId,
+                restoredEpochOffset);
+    }
+
+    boolean isBound() {
+        return boundInterpreter != null;
+    }
+
+    /** Called from the 4-arg {@code snapshotState}: remembers whether this one is a savepoint. */
+    void beforeSnapshot(long checkpointId, CheckpointOptions options) {
+        lastSnapshotCheckpointId = checkpointId;
+        lastSnapshotIsSavepoint =
+                options != null
+                        && options.getCheckpointType() != null
+                        && options.getCheckpointType().isSavepoint();
+    }
+
+    /**
+     * Call after {@code super.snapshotState(ctx)}. The Python call returns only when the delta is
+     * durable; any exception propagates and fails the checkpoint.
+     */
+    void snapshotState(StateSnapshotContext ctx) throws Exception {
+        long checkpointId = ctx.getCheckpointId();
+        boolean isSavepoint = checkpointId == lastSnapshotCheckpointId && lastSnapshotIsSavepoint;
+        Long offset;
+        if (boundInterpreter != null) {
+            boundInterpreter.invokeMethod(PY_BACKEND, "snapshot", checkpointId, isSavepoint);
+            offset = toLong(boundInterpreter.invokeMethod(PY_BACKEND, "epoch_offset"));
+        } else {
+            // Never bound (should not happen for a running task): keep what we restored.
+            offset = restoredEpochOffset;
+        }
+        if (epochOffsetState != null) {
+            if (offset == null) {
+                epochOffsetState.update(Collections.<Long>emptyList());
+            } else {
+                epochOffsetState.update(Collections.singletonList(offset));
+            }
+        }
+    }
+
+    void notifyCheckpointComplete(long checkpointId) {
+        if (boundInterpreter != null) {
+            boundInterpreter.invokeMethod(PY_BACKEND, "notify_checkpoint_complete", checkpointId);
+        }
+    }
+
+    void notifyCheckpointAborted(long checkpointId) {
+        if (boundInterpreter != null) {
+            boundInterpreter.invokeMethod(PY_BACKEND, "notify_checkpoint_aborted", checkpointId);
+        }
+    }
+
+    /** Call after {@code super.finish()}. */
+    void finish() {
+        if (boundInterpreter != null) {
+            boundInterpreter.invokeMethod(PY_BACKEND, "finish");
+        }
+    }
+
+    /** Call before {@code super.close()} (which closes the interpreter). Idempotent. */
+    void close() {
+        PythonInterpreter interpreter = boundInterpreter;
+        boundInterpreter = null;
+        if (interpreter != null) {
+            interpreter.invokeMethod(PY_BACKEND, "close");
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+
+    private int maxParallelism() {
+        return operator.getRuntimeContext().getTaskInfo().getMaxNumberOfParallelSubtasks();
+    }
+
+    /** Builds the JSON handed to {@code bind()}; see README for the field list. */
+    String bindInfoJson() {
+        StreamingRuntimeContext rc = operator.getRuntimeContext();
+        TaskInfo ti = rc.getTaskInfo();
+        int maxParallelism = ti.getMaxNumberOfParallelSubtasks();
+        int parallelism = ti.getNumberOfParallelSubtasks();
+        int subtask = ti.getIndexOfThisSubtask();
+        KeyGroupRange range =
+                KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex(
+                        maxParallelism, parallelism, subtask);
+
+        TaskManagerRuntimeInfo tm = operator.getContainingTask().getEnvironment().getTaskManagerInfo();
+        String[] tmpDirs = tm.getTmpDirectories();
+
+        Map<String, Object> m = new LinkedHashMap<>();
+        m.put("options_json", stateOptionsJson);
+        m.put("cluster_options", prefixed(tm.getConfiguration()));
+        m.put("job_options", prefixed(operator.getConfiguration()));
+        m.put("operator_id", operator.getOperatorID().toString());
+        m.put("task_name", ti.getTaskName());
+        m.put("subtask_index", subtask);
+        m.put("parallelism", parallelism);
+        m.put("max_parallelism", maxParallelism);
+        m.put("attempt", ti.getAttemptNumber());
+        m.put("key_group_start", range.getStartKeyGroup());
+        m.put("key_group_end", range.getEndKeyGroup());
+        m.put("restored_checkpoint_id", restoredCheckpointId);
+        m.put("restored_epoch_offset", restoredEpochOffset);
+        m.put("checkpointing_enabled", rc.isCheckpointingEnabled());
+        m.put("local_dirs", asList(tmpDirs));
+        m.put("job_id", rc.getJobInfo().getJobId().toString());
+        return Json.toJson(m);
+    }
+
+    private static Map<String, String> prefixed(Configuration conf) {
+        Map<String, String> out = new TreeMap<>();
+        if (conf == null) {
+            return out;
+        }
+        for (Map.Entry<String, String> e : conf.toMap().entrySet()) {
+            if (e.getKey() != null && e.getKey().startsWith(OPTION_PREFIX)) {
+                out.put(e.getKey(), e.getValue());
+            }
+        }
+        return out;
+    }
+
+    private static Long toLong(Object value) {
+        if (value == null) {
+            return null;
+        }
+        if (value instanceof Number) {
+            return ((Number) value).longValue();
+        }
+        if (value instanceof String) {
+            return Long.parseLong(((String) value).trim());
+        }
+        throw new IllegalStateException(
+                "pyflink-ndb: ndb_backend.epoch_offset() must return an int or None, got "
+                        + value.getClass().getName());
+    }
+
+    private static List<String> asList(String[] a) {
+        return a == null ? Collections.<String>emptyList() : Arrays.asList(a);
+    }
+}

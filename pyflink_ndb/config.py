@@ -1,0 +1,233 @@
+"""Options of the tiered state backend, read from `state.backend.ndb.*` keys.
+
+Every option is declared once in :data:`OPTIONS` with its key, default and description;
+`README.md` lists the same table. Options come from `flink-conf.yaml` (the client's and the
+TaskManager's) and from a programmatic :class:`pyflink.common.Configuration` or dict; job
+options override cluster options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyflink_ndb.errors import ConfigurationError
+
+PREFIX = "state.backend.ndb."
+DEFAULT_URL = "sqlite:///pyflink-ndb-state.sqlite"
+_NAMESPACE_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: its key (after the prefix), dataclass field, default and description."""
+
+    key: str
+    field: str
+    default: Any
+    description: str
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("url", "url", DEFAULT_URL,
+               "Store URL: `mysql://user@host:port/db` (RonDB's MySQL server, MySQL, MariaDB) "
+               "or `sqlite:///path` (embedded; a relative path is resolved on the client)."),
+    OptionSpec("namespace", "namespace", "default",
+               "Prefix of the tables `<ns>_state`, `<ns>_epochs`, `<ns>_catalog`: "
+               "[a-z][a-z0-9_]{0,39}."),
+    OptionSpec("user", "user", None, "Database user; overrides the user of the URL."),
+    OptionSpec("password", "password", None, "Database password (never logged)."),
+    OptionSpec("password-file", "password_file", None,
+               "File whose first line is the database password."),
+    OptionSpec("password-env", "password_env", None,
+               "Environment variable that holds the database password."),
+    OptionSpec("cache.max-entries", "cache_max_entries", 10_000,
+               "Entries in the in-memory LRU (tier 1) per subtask; at least 1."),
+    OptionSpec("local.enabled", "local_enabled", True,
+               "Keep evicted entries in an embedded RocksDB (tier 2) per subtask."),
+    OptionSpec("local.dir", "local_dir", None,
+               "Folder for the RocksDB tier; default: the TaskManager's tmp directory."),
+    OptionSpec("write.batch-size", "write_batch_rows", 500,
+               "Rows per INSERT statement and per transaction when a checkpoint is written "
+               "(NDB fails over-large transactions)."),
+    OptionSpec("restore.mode", "restore_mode", "lazy",
+               "`lazy`: read each key from the store when first needed; `eager`: prefetch the "
+               "subtask's key groups into the local tier at open."),
+    OptionSpec("on-fresh-start", "on_fresh_start", "fail",
+               "A start without a restored checkpoint on a namespace that holds committed "
+               "state: `fail`, `resume` (from the latest committed epoch) or `truncate`."),
+    OptionSpec("checkpoints.retained", "checkpoints_retained", None,
+               "Completed checkpoints whose versions garbage collection keeps; default: "
+               "Flink's `state.checkpoints.num-retained` (1)."),
+    OptionSpec("value.max-bytes", "value_max_bytes", 64 * 1024 * 1024,
+               "Largest serialized value (bytes) accepted; larger ones fail before the "
+               "checkpoint writes anything."),
+)
+
+KNOWN_KEYS: tuple[str, ...] = tuple(PREFIX + spec.key for spec in OPTIONS)
+_BY_KEY = {spec.key: spec for spec in OPTIONS}
+
+
+@dataclass(frozen=True)
+class NdbStateOptions:
+    """Resolved options of the tiered state backend (see :data:`OPTIONS` for each one).
+
+    Units are in the names: `_rows`, `_bytes`. `None` means "not set, use the documented
+    fallback". The password never appears in `repr()` or logs.
+    """
+
+    url: str = DEFAULT_URL
+    namespace: str = "default"
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    password_file: str | None = None
+    password_env: str | None = None
+    cache_max_entries: int = 10_000
+    local_enabled: bool = True
+    local_dir: str | None = None
+    write_batch_rows: int = 500
+    restore_mode: str = "lazy"
+    on_fresh_start: str = "fail"
+    checkpoints_retained: int | None = None
+    value_max_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not _NAMESPACE_RE.match(self.namespace):
+            raise ConfigurationError(
+                f"{PREFIX}namespace={self.namespace!r} is not a valid namespace: use "
+                "1-40 characters of [a-z0-9_], starting with a letter.")
+        if not (self.url.startswith("mysql://") or self.url.startswith("sqlite://")):
+            raise ConfigurationError(
+                f"{PREFIX}url must start with mysql:// or sqlite:// "
+                f"(got {redact_url(self.url)!r}).")
+        _require(self.cache_max_entries >= 1, "cache.max-entries", "at least 1")
+        _require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
+        _require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
+        _require(self.restore_mode in ("lazy", "eager"), "restore.mode", "`lazy` or `eager`")
+        _require(self.on_fresh_start in ("fail", "resume", "truncate"), "on-fresh-start",
+                 "`fail`, `resume` or `truncate`")
+        if self.checkpoints_retained is not None:
+            _require(self.checkpoints_retained >= 1, "checkpoints.retained", "at least 1")
+
+    def resolve_password(self) -> str | None:
+        """The password from `password`, else `password-file`, else `password-env`.
+
+        :raises ConfigurationError: the file is unreadable or the variable is unset.
+        """
+        if self.password is not None:
+            return self.password
+        if self.password_file:
+            try:
+                return Path(self.password_file).read_text().splitlines()[0]
+            except (OSError, IndexError) as err:
+                raise ConfigurationError(
+                    f"{PREFIX}password-file={self.password_file!r} cannot be read: "
+                    f"{type(err).__name__}. Point it at a readable file.") from err
+        if self.password_env:
+            value = os.environ.get(self.password_env)
+            if value is None:
+                raise ConfigurationError(
+                    f"{PREFIX}password-env={self.password_env!r}: the variable is not set "
+                    "in the TaskManager's environment.")
+            return value
+        return None
+
+    def to_json(self) -> str:
+        """JSON of the options as `state.backend.ndb.*` keys (only those that differ)."""
+        return json.dumps(to_flink_keys(self), sort_keys=True)
+
+    def replace(self, **changes: Any) -> NdbStateOptions:
+        return dataclasses.replace(self, **changes)
+
+
+def _require(ok: bool, key: str, what: str) -> None:
+    if not ok:
+        raise ConfigurationError(f"{PREFIX}{key} must be {what}.")
+
+
+def _convert(spec: OptionSpec, raw: Any) -> Any:
+    if raw is None:
+        return None
+    default = spec.default
+    text = str(raw).strip()
+    try:
+        if isinstance(default, bool):
+            if isinstance(raw, bool):
+                return raw
+            if text.lower() in ("true", "1", "yes"):
+                return True
+            if text.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError(text)
+        if isinstance(default, int) or spec.field == "checkpoints_retained":
+            return int(text)
+    except ValueError as err:
+        kind = "true or false" if isinstance(default, bool) else "a whole number"
+        raise ConfigurationError(
+            f"{PREFIX}{spec.key}={raw!r} is not {kind}.") from err
+    return text
+
+
+def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
+    """Build options from mappings of Flink keys; later sources override earlier ones.
+
+    Keys outside `state.backend.ndb.` are ignored, except `state.checkpoints.num-retained`
+    which gives the default of `checkpoints.retained`.
+
+    :raises ConfigurationError: an unknown `state.backend.ndb.*` key (the message lists the
+        known ones) or a value of the wrong kind.
+    """
+    values: dict[str, Any] = {}
+    flink_retained: Any = None
+    for source in sources:
+        for key, raw in source.items():
+            if key == "state.checkpoints.num-retained":
+                flink_retained = raw
+                continue
+            if not key.startswith(PREFIX):
+                continue
+            short = key[len(PREFIX):]
+            spec = _BY_KEY.get(short)
+            if spec is None:
+                raise ConfigurationError(
+                    f"Unknown option {key!r}. Known options: {', '.join(KNOWN_KEYS)}.")
+            values[spec.field] = _convert(spec, raw)
+    if values.get("checkpoints_retained") is None and flink_retained is not None:
+        values["checkpoints_retained"] = _convert(_BY_KEY["checkpoints.retained"],
+                                                  flink_retained)
+    return NdbStateOptions(**values)
+
+
+def to_flink_keys(options: NdbStateOptions) -> dict[str, Any]:
+    """The options that differ from the defaults, as `state.backend.ndb.*` keys."""
+    out: dict[str, Any] = {}
+    for spec in OPTIONS:
+        value = getattr(options, spec.field)
+        if value != spec.default:
+            out[PREFIX + spec.key] = value
+    return out
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by `***`, safe for logs and messages."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def resolve_sqlite_url(url: str, base: Path | None = None) -> str:
+    """Make the path of a `sqlite:///relative` URL absolute against `base` (default: cwd).
+
+    The TaskManager's embedded interpreter may run in another working directory, so the
+    client resolves the path when it builds the job.
+    """
+    if not url.startswith("sqlite:///"):
+        return url
+    path = url[len("sqlite:///"):]
+    if path == ":memory:" or os.path.isabs(path):
+        return url
+    return "sqlite:///" + str(((base or Path.cwd()) / path).resolve())

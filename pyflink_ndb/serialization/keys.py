@@ -1,0 +1,200 @@
+"""Canonical key encoding: the same key gives the same bytes in every process and run.
+
+Key identity rule (README, "Keys"): two keys are the same key when they have the same type
+and value, as Flink's pickled keys are compared by their bytes. So `1`, `1.0` and `True`
+are three different keys; every NaN is the same key; `0.0` and `-0.0` differ; `b''`, `''`
+and `None` differ; tuples, lists and `Row`s are compared element by element and differ from
+each other. Map keys must be hashable, as for a Python dict (`TypeError` otherwise).
+
+The encoding is self-delimiting (type tag, then a length where needed), so an encoded key
+is never a prefix of another encoded key and composite keys can be concatenated.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+import pickle
+import struct
+from typing import Any
+
+from pyflink_ndb.errors import SerializationError
+
+_NAN = struct.pack(">d", math.nan)
+_SCALAR_PICKLE_TYPES = (datetime.date, datetime.time, datetime.timedelta, decimal.Decimal)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = 0
+    result = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _encode(value: Any, out: bytearray) -> None:
+    # bool before int: bool is a subclass of int.
+    if value is None:
+        out += b"N"
+    elif value is True:
+        out += b"T"
+    elif value is False:
+        out += b"F"
+    elif type(value) is int:
+        raw = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
+        out += b"i" + _varint(len(raw)) + raw
+    elif type(value) is float:
+        out += b"f" + (_NAN if math.isnan(value) else struct.pack(">d", value))
+    elif type(value) is str:
+        raw = value.encode("utf-8", "surrogatepass")
+        out += b"s" + _varint(len(raw)) + raw
+    elif type(value) is bytes:
+        out += b"b" + _varint(len(value)) + value
+    elif type(value) is bytearray:
+        out += b"a" + _varint(len(value)) + bytes(value)
+    elif type(value) is tuple:
+        out += b"t" + _varint(len(value))
+        for item in value:
+            _encode(item, out)
+    elif type(value) is list:
+        out += b"l" + _varint(len(value))
+        for item in value:
+            _encode(item, out)
+    elif type(value) is frozenset:
+        parts = sorted(bytes(_encode_to(item)) for item in value)
+        out += b"z" + _varint(len(parts)) + b"".join(parts)
+    elif _is_row(value):
+        names = value._fields if getattr(value, "_fields", None) else None
+        out += b"r" + _varint(len(value))
+        _encode(tuple(names) if names else None, out)
+        for item in value:
+            _encode(item, out)
+    elif isinstance(value, _SCALAR_PICKLE_TYPES):
+        raw = pickle.dumps(value, protocol=4)
+        out += b"p" + _varint(len(raw)) + raw
+    else:
+        raise SerializationError(
+            f"Cannot use a value of type {type(value).__name__} as a state key: supported are "
+            "None, bool, int, float, str, bytes, bytearray, tuple, list, frozenset, Row, "
+            "date/time and Decimal (and nestings of them). Convert the key to one of these.")
+
+
+def _encode_to(value: Any) -> bytearray:
+    out = bytearray()
+    _encode(value, out)
+    return out
+
+
+def _is_row(value: Any) -> bool:
+    from pyflink.common import Row
+
+    return isinstance(value, Row)
+
+
+def encode_key(value: Any) -> bytes:
+    """Canonical bytes of a key.
+
+    :param value: the key (see the module docstring for supported types).
+    :returns: self-delimiting bytes; equal keys give equal bytes.
+    :raises SerializationError: the type is not supported as a key.
+    """
+    return bytes(_encode_to(value))
+
+
+def encode_map_key(value: Any) -> bytes:
+    """Canonical bytes of a `MapState` user key, which must be hashable like a dict key.
+
+    :raises TypeError: the key is unhashable (list, dict, set, ...), as `dict` would raise.
+    :raises SerializationError: the type is not supported as a key.
+    """
+    try:
+        hash(value)
+    except TypeError as err:
+        raise TypeError(
+            f"unhashable type as MapState key: {type(value).__name__!r}; use a hashable key "
+            "(tuple instead of list, frozenset instead of set)") from err
+    return encode_key(value)
+
+
+def _decode(data: bytes, pos: int) -> tuple[Any, int]:
+    tag = data[pos:pos + 1]
+    pos += 1
+    if tag == b"N":
+        return None, pos
+    if tag == b"T":
+        return True, pos
+    if tag == b"F":
+        return False, pos
+    if tag == b"f":
+        return struct.unpack(">d", data[pos:pos + 8])[0], pos + 8
+    if tag in (b"i", b"s", b"b", b"a", b"p"):
+        length, pos = _read_varint(data, pos)
+        raw = data[pos:pos + length]
+        pos += length
+        if tag == b"i":
+            return int.from_bytes(raw, "big", signed=True), pos
+        if tag == b"s":
+            return raw.decode("utf-8", "surrogatepass"), pos
+        if tag == b"b":
+            return bytes(raw), pos
+        if tag == b"a":
+            return bytearray(raw), pos
+        return pickle.loads(raw), pos
+    if tag in (b"t", b"l", b"z"):
+        count, pos = _read_varint(data, pos)
+        items = []
+        for _ in range(count):
+            item, pos = _decode(data, pos)
+            items.append(item)
+        if tag == b"t":
+            return tuple(items), pos
+        if tag == b"l":
+            return items, pos
+        return frozenset(items), pos
+    if tag == b"r":
+        from pyflink.common import Row
+
+        count, pos = _read_varint(data, pos)
+        names, pos = _decode(data, pos)
+        items = []
+        for _ in range(count):
+            item, pos = _decode(data, pos)
+            items.append(item)
+        if names:
+            return Row(**dict(zip(names, items, strict=True))), pos
+        return Row(*items), pos
+    raise SerializationError(f"Corrupt key bytes: unknown tag {tag!r} at offset {pos - 1}.")
+
+
+def decode_key(data: bytes) -> Any:
+    """Inverse of :func:`encode_key`.
+
+    :raises SerializationError: the bytes are not a complete encoded key.
+    """
+    value, pos = _decode(data, 0)
+    if pos != len(data):
+        raise SerializationError("Corrupt key bytes: trailing data after the key.")
+    return value
+
+
+def split_key(data: bytes) -> tuple[bytes, bytes]:
+    """Split bytes that start with an encoded key into (that key's bytes, the rest)."""
+    _, pos = _decode(data, 0)
+    return data[:pos], data[pos:]

@@ -1,0 +1,74 @@
+"""Value encoding: pickle bytes (the stored truth) plus JSON where the type maps to JSON.
+
+Values come back as the Python object that was stored, byte-identical for `bytes` and
+`str`; they are not converted through the descriptor's type information. Storing bytes in
+every tier (the cache included) means a caller who mutates an object after `update()` or
+mutates what `value()` returned never changes the stored state, in every tier alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from typing import Any
+
+from pyflink_ndb.errors import SerializationError
+
+PICKLE_PROTOCOL = 5
+#: Name recorded in the catalog for this serializer; a change is a format change.
+SERIALIZER_NAME = "pickle-5"
+
+
+def encode_value(value: Any) -> bytes:
+    """Serialize a state value.
+
+    :raises SerializationError: the value cannot be pickled (the message names its type).
+    """
+    try:
+        return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
+    except Exception as err:  # pickle raises many types (TypeError, PicklingError, ...)
+        raise SerializationError(
+            f"Cannot serialize a state value of type {type(value).__name__}: {err}. Store a "
+            "picklable value (plain data, or a class importable on the TaskManager).") from err
+
+
+def decode_value(data: bytes) -> Any:
+    """Inverse of :func:`encode_value`.
+
+    :raises SerializationError: the bytes cannot be unpickled.
+    """
+    try:
+        return pickle.loads(data)
+    except Exception as err:
+        raise SerializationError(f"Cannot deserialize a stored state value: {err}") from err
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        raise ValueError("non-finite float")
+    as_dict = getattr(value, "as_dict", None)
+    if callable(as_dict) and getattr(value, "_fields", None):
+        return {k: _jsonable(v) for k, v in as_dict().items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _jsonable(v) for k, v in value.items()}
+    raise ValueError(type(value).__name__)
+
+
+def value_json(value: Any) -> str | None:
+    """The value as JSON text for SQL queries, or None when the type does not map to JSON.
+
+    Maps: None, bool, int, str, finite float, list/tuple, dict with str keys and named Rows
+    (as objects), recursively. bytes, NaN and other types give None (the bytes column stays
+    the truth).
+    """
+    try:
+        return json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return None

@@ -1,0 +1,499 @@
+"""The store contract and the SQL shared by every driver.
+
+A store keeps, per namespace, three tables:
+
+* `<ns>_state`: one row per (key group, state id, user key, epoch, chunk) with the value
+  bytes (`vbytes`), a JSON rendering (`vjson`), a tombstone flag, the TTL expiry and the
+  row format version. Values larger than :data:`CHUNK_BYTES` are split over chunks
+  `0..chunks-1` of the same version.
+* `<ns>_epochs`: one commit marker per (operator, epoch) of a completed checkpoint.
+* `<ns>_catalog`: one row per declared state (operator, name, kind, serializer, TTL,
+  format version).
+
+All SQL is parameterised; identifiers are built only from a validated namespace. The SQL
+is kept to what NDB accepts: primary-key access first, READ COMMITTED, bounded
+transactions (callers batch), BLOB columns for values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyflink_ndb.errors import ConfigurationError, StateCompatibilityError, ValueTooLargeError
+
+#: Version of the row layout written into every row and catalog entry.
+FORMAT_VERSION = 1
+#: Values are split into chunks of this many bytes (keeps statements well under
+#: max_allowed_packet and NDB operations small).
+CHUNK_BYTES = 256 * 1024
+#: Longest encoded user key (bytes), bounded by the primary-key size limits of
+#: InnoDB (3072 bytes) and NDB.
+MAX_UKEY_BYTES = 2048
+#: Cap on the bytes of one write transaction besides the row count.
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+
+_IDENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVersion:
+    """The newest stored version of one entry."""
+
+    epoch: int
+    tombstone: bool
+    value: bytes | None
+    expires_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRow:
+    """One entry to write in an epoch: a value, or a tombstone when `tombstone` is True."""
+
+    key_group: int
+    state_id: int
+    ukey: bytes
+    tombstone: bool
+    value: bytes | None
+    value_json: str | None
+    expires_at_ms: int | None
+
+
+def state_id_for(operator: str, name: str) -> int:
+    """Deterministic 31-bit state id of (operator, state name), the same on every subtask."""
+    digest = hashlib.sha1(f"{operator}\x00{name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """Smallest byte string greater than every string that starts with `prefix`."""
+    data = bytearray(prefix)
+    while data:
+        if data[-1] < 0xFF:
+            data[-1] += 1
+            return bytes(data)
+        data.pop()
+    return None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class StateStore(ABC):
+    """Tier 3 of the tiered state: versioned rows, commit markers and the catalog.
+
+    Life cycle: :meth:`open` (creates missing tables) before anything else, :meth:`close`
+    last; nothing may be called after :meth:`close`. A store object belongs to one
+    subtask (one thread); it is not thread-safe.
+    """
+
+    #: Placeholder of the DB-API driver ("?" or "%s").
+    placeholder = "?"
+
+    def __init__(self, namespace: str, write_batch_rows: int = 500) -> None:
+        if not _IDENT_RE.match(namespace):
+            raise ConfigurationError(f"Invalid namespace {namespace!r}.")
+        self.namespace = namespace
+        self.write_batch_rows = write_batch_rows
+        self.t_state = f"{namespace}_state"
+        self.t_epochs = f"{namespace}_epochs"
+        self.t_catalog = f"{namespace}_catalog"
+
+    # -- driver hooks ---------------------------------------------------------------------
+    @abstractmethod
+    def _connect(self) -> Any: ...
+
+    @abstractmethod
+    def _ddl(self) -> list[str]: ...
+
+    @abstractmethod
+    def _insert_ignore(self) -> str:
+        """`INSERT IGNORE` or its dialect equivalent."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the state is, without secrets (for logs and messages)."""
+
+    def _translate_error(self, err: Exception) -> Exception | None:
+        """A pyflink-ndb error for a driver error, or None to re-raise it unchanged."""
+        return None
+
+    # -- plumbing -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect and create missing tables.
+
+        :raises StoreUnavailableError: the database cannot be reached.
+        """
+        self._conn = self._connect()
+        for statement in self._ddl():
+            self._execute(statement)
+        self._conn.commit()
+
+    def close(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            try:
+                conn.close()
+            finally:
+                self._conn = None
+
+    def _sql(self, text: str) -> str:
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    def _execute(self, text: str, params: Sequence[Any] = ()) -> Any:
+        cur = self._conn.cursor()
+        try:
+            cur.execute(self._sql(text), tuple(params))
+        except Exception as err:
+            mapped = self._translate_error(err)
+            if mapped is not None:
+                raise mapped from err
+            raise
+        return cur
+
+    def _executemany(self, text: str, rows: Sequence[Sequence[Any]]) -> None:
+        cur = self._conn.cursor()
+        try:
+            cur.executemany(self._sql(text), rows)
+        except Exception as err:
+            mapped = self._translate_error(err)
+            if mapped is not None:
+                raise mapped from err
+            raise
+
+    def _query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return list(self._execute(text, params).fetchall())
+
+    def _commit(self) -> None:
+        try:
+            self._conn.commit()
+        except Exception as err:
+            mapped = self._translate_error(err)
+            if mapped is not None:
+                raise mapped from err
+            raise
+
+    # -- catalog --------------------------------------------------------------------------
+    def register_state(self, operator: str, name: str, kind: str, serializer: str,
+                       ttl_ms: int | None) -> int:
+        """Record a state declaration and return its state id.
+
+        :raises StateCompatibilityError: the state exists with another kind, serializer,
+            format version, or with TTL switched on/off (as Flink's compatibility check).
+        """
+        state_id = state_id_for(operator, name)
+        self._execute(
+            f"{self._insert_ignore()} INTO {self.t_catalog} (state_id, operator, state_name, "
+            "state_kind, serializer, ttl_ms, format_version) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (state_id, operator, name, kind, serializer, ttl_ms, FORMAT_VERSION))
+        self._commit()
+        rows = self._query(
+            f"SELECT operator, state_name, state_kind, serializer, ttl_ms, format_version "
+            f"FROM {self.t_catalog} WHERE state_id = ?", (state_id,))
+        if not rows:
+            raise StateCompatibilityError(f"Catalog entry for state {name!r} vanished.")
+        op, sname, skind, sser, sttl, sfmt = rows[0]
+        if (op, sname) != (operator, name):
+            raise StateCompatibilityError(
+                f"State id collision between {operator}/{name} and {op}/{sname}; rename one.")
+        problems = []
+        if skind != kind:
+            problems.append(f"it was declared as {skind}, now as {kind}")
+        if sser != serializer:
+            problems.append(f"serializer {sser} differs from {serializer}")
+        if int(sfmt) != FORMAT_VERSION:
+            problems.append(f"row format {sfmt} differs from {FORMAT_VERSION}")
+        if (sttl is None) != (ttl_ms is None):
+            problems.append("TTL was " + ("enabled" if sttl is not None else "disabled")
+                            + " and is now " + ("enabled" if ttl_ms is not None else "disabled"))
+        if problems:
+            raise StateCompatibilityError(
+                f"State {name!r} of operator {operator!r} in namespace {self.namespace!r} is "
+                f"incompatible with the stored state: {'; '.join(problems)}. Give the state "
+                "a new name, or start on an empty namespace (on-fresh-start: truncate).")
+        if sttl != ttl_ms:
+            self._execute(f"UPDATE {self.t_catalog} SET ttl_ms = ? WHERE state_id = ?",
+                          (ttl_ms, state_id))
+            self._commit()
+        return state_id
+
+    def catalog(self, operator: str | None = None) -> list[dict[str, Any]]:
+        """Catalog rows (all, or those of one operator) as dicts."""
+        sql = (f"SELECT state_id, operator, state_name, state_kind, serializer, ttl_ms, "
+               f"format_version FROM {self.t_catalog}")
+        params: tuple[Any, ...] = ()
+        if operator is not None:
+            sql += " WHERE operator = ?"
+            params = (operator,)
+        cols = ("state_id", "operator", "state_name", "state_kind", "serializer", "ttl_ms",
+                "format_version")
+        return [dict(zip(cols, row, strict=True)) for row in self._query(sql + " ORDER BY state_id",
+                                                                         params)]
+
+    def state_ids(self, operator: str) -> list[int]:
+        return [row["state_id"] for row in self.catalog(operator)]
+
+    # -- reads ----------------------------------------------------------------------------
+    def _join_chunks(self, key_group: int, state_id: int, ukey: bytes, epoch: int,
+                     first: bytes | None, chunks: int) -> bytes | None:
+        if chunks <= 1:
+            return None if first is None else bytes(first)
+        rows = self._query(
+            f"SELECT chunk, vbytes FROM {self.t_state} WHERE key_group = ? AND state_id = ? "
+            "AND ukey = ? AND epoch = ? ORDER BY chunk", (key_group, state_id, ukey, epoch))
+        parts = [bytes(v) for c, v in rows]
+        if len(parts) != chunks:
+            raise StateCompatibilityError(
+                f"Stored value of epoch {epoch} has {len(parts)} of {chunks} chunks.")
+        return b"".join(parts)
+
+    def read_latest(self, state_id: int, key_group: int, ukey: bytes,
+                    max_epoch: int | None = None) -> StoredVersion | None:
+        """The newest version of an entry (at or below `max_epoch` when given), or None."""
+        sql = (f"SELECT epoch, tombstone, chunks, expires_at_ms, vbytes FROM {self.t_state} "
+               "WHERE key_group = ? AND state_id = ? AND ukey = ? AND chunk = 0")
+        params: list[Any] = [key_group, state_id, ukey]
+        if max_epoch is not None:
+            sql += " AND epoch <= ?"
+            params.append(max_epoch)
+        rows = self._query(sql + " ORDER BY epoch DESC LIMIT 1", params)
+        if not rows:
+            return None
+        epoch, tomb, chunks, expires, vbytes = rows[0]
+        value = None if tomb else self._join_chunks(key_group, state_id, ukey, epoch, vbytes,
+                                                     chunks)
+        return StoredVersion(int(epoch), bool(tomb), value,
+                             None if expires is None else int(expires))
+
+    def scan_latest(self, state_id: int, key_group: int, prefix: bytes, after: bytes | None,
+                    limit: int) -> list[tuple[bytes, StoredVersion]]:
+        """One page of the newest versions of the entries whose user key starts with
+        `prefix`, in user-key order, strictly after `after`; tombstones included.
+
+        At most `limit` entries; a shorter page means the scan is complete.
+        """
+        upper = prefix_upper_bound(prefix)
+        sql = (f"SELECT s.ukey, s.epoch, s.tombstone, s.chunks, s.expires_at_ms, s.vbytes "
+               f"FROM {self.t_state} s WHERE s.key_group = ? AND s.state_id = ? "
+               "AND s.chunk = 0 AND s.ukey >= ?")
+        params: list[Any] = [key_group, state_id, prefix]
+        if upper is not None:
+            sql += " AND s.ukey < ?"
+            params.append(upper)
+        if after is not None:
+            sql += " AND s.ukey > ?"
+            params.append(after)
+        sql += (f" AND s.epoch = (SELECT MAX(t.epoch) FROM {self.t_state} t WHERE "
+                "t.key_group = s.key_group AND t.state_id = s.state_id AND t.ukey = s.ukey "
+                "AND t.chunk = 0) ORDER BY s.ukey LIMIT ?")
+        params.append(limit)
+        out = []
+        for ukey, epoch, tomb, chunks, expires, vbytes in self._query(sql, params):
+            ukey = bytes(ukey)
+            value = None if tomb else self._join_chunks(key_group, state_id, ukey, epoch,
+                                                         vbytes, chunks)
+            out.append((ukey, StoredVersion(int(epoch), bool(tomb), value,
+                                            None if expires is None else int(expires))))
+        return out
+
+    def scan_key_groups(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
+                        page_rows: int = 1000) -> Iterator[tuple[int, int, bytes,
+                                                                 StoredVersion]]:
+        """Newest versions of every live entry of `state_ids` in key groups
+        `kg_start..kg_end` (inclusive), paged by `page_rows` (for eager restore)."""
+        for state_id in state_ids:
+            for key_group in range(kg_start, kg_end + 1):
+                after: bytes | None = None
+                while True:
+                    page = self.scan_latest(state_id, key_group, b"", after, page_rows)
+                    for ukey, version in page:
+                        yield state_id, key_group, ukey, version
+                    if len(page) < page_rows:
+                        break
+                    after = page[-1][0]
+
+    # -- writes ---------------------------------------------------------------------------
+    def _row_params(self, epoch: int, row: WriteRow) -> Iterable[tuple[Any, ...]]:
+        if len(row.ukey) > MAX_UKEY_BYTES:
+            raise ValueTooLargeError(
+                f"An encoded key of {len(row.ukey)} bytes exceeds the limit of "
+                f"{MAX_UKEY_BYTES} bytes (primary-key size of InnoDB/NDB); use a shorter key.")
+        if row.tombstone or row.value is None:
+            yield (row.key_group, row.state_id, row.ukey, epoch, 0, 1, 1, row.expires_at_ms,
+                   FORMAT_VERSION, None, None)
+            return
+        value = row.value
+        chunks = max(1, -(-len(value) // CHUNK_BYTES))
+        for chunk in range(chunks):
+            part = value[chunk * CHUNK_BYTES:(chunk + 1) * CHUNK_BYTES]
+            yield (row.key_group, row.state_id, row.ukey, epoch, chunk, 0, chunks,
+                   row.expires_at_ms, FORMAT_VERSION, part,
+                   row.value_json if chunk == 0 and chunks == 1 else None)
+
+    def write_epoch(self, epoch: int, rows: Iterable[WriteRow]) -> int:
+        """Write entries as versions of `epoch` (idempotent upserts) and commit.
+
+        Rows are sent in transactions of at most `write_batch_rows` rows and
+        :data:`MAX_BATCH_BYTES` bytes. Returns the number of database rows written; returns
+        only when every row is committed.
+        """
+        sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, epoch, chunk, "
+               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        batch: list[tuple[Any, ...]] = []
+        batch_bytes = 0
+        written = 0
+        for row in rows:
+            for params in self._row_params(epoch, row):
+                size = len(params[2]) + len(params[9] or b"") + len(params[10] or "")
+                if batch and (len(batch) >= self.write_batch_rows
+                              or batch_bytes + size > MAX_BATCH_BYTES):
+                    self._executemany(sql, batch)
+                    self._commit()
+                    written += len(batch)
+                    batch, batch_bytes = [], 0
+                batch.append(params)
+                batch_bytes += size
+        if batch:
+            self._executemany(sql, batch)
+            self._commit()
+            written += len(batch)
+        return written
+
+    # -- epochs ---------------------------------------------------------------------------
+    def commit_epoch(self, operator: str, epoch: int, is_savepoint: bool = False) -> None:
+        """Write the commit marker of a completed checkpoint (idempotent)."""
+        self._execute(
+            f"{self._insert_ignore()} INTO {self.t_epochs} (operator, epoch, is_savepoint, "
+            "committed_at_ms) VALUES (?, ?, ?, ?)",
+            (operator, epoch, 1 if is_savepoint else 0, now_ms()))
+        self._commit()
+
+    def committed_epochs(self, operator: str) -> list[tuple[int, bool]]:
+        """(epoch, is_savepoint) of every commit marker of `operator`, oldest first."""
+        return [(int(e), bool(s)) for e, s in self._query(
+            f"SELECT epoch, is_savepoint FROM {self.t_epochs} WHERE operator = ? "
+            "ORDER BY epoch", (operator,))]
+
+    def latest_committed_epoch(self, operator: str) -> int | None:
+        rows = self._query(f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ?",
+                           (operator,))
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def delete_commit_markers(self, operator: str, after_epoch: int = -1) -> None:
+        """Remove commit markers of `operator` newer than `after_epoch` (all by default)."""
+        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch > ?",
+                      (operator, after_epoch))
+        self._commit()
+
+    # -- roll-back and garbage collection ------------------------------------------------
+    def _delete_in_batches(self, where: str, params: Sequence[Any]) -> int:
+        """Delete matching rows in bounded transactions (NDB fails huge ones)."""
+        total = 0
+        while True:
+            cur = self._execute(
+                f"DELETE FROM {self.t_state} WHERE {where} {self._delete_limit()}", params)
+            count = cur.rowcount
+            self._commit()
+            total += max(count, 0)
+            if not self._delete_limit() or count < self.write_batch_rows * 10:
+                return total
+
+    def _delete_limit(self) -> str:
+        return ""
+
+    def rollback_after(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
+                       epoch: int) -> int:
+        """Delete every version newer than `epoch` of `state_ids` in key groups
+        `kg_start..kg_end`: what a checkpoint that never completed left behind."""
+        total = 0
+        for state_id in state_ids:
+            total += self._delete_in_batches(
+                "key_group BETWEEN ? AND ? AND state_id = ? AND epoch > ?",
+                (kg_start, kg_end, state_id, epoch))
+        return total
+
+    def delete_older_versions(self, items: Sequence[tuple[int, int, bytes, int, bool]]) -> int:
+        """Garbage-collect: for each (key group, state id, ukey, epoch, inclusive) delete the
+        versions older than `epoch` (and `epoch` itself when `inclusive`)."""
+        total = 0
+        for start in range(0, len(items), self.write_batch_rows):
+            part = items[start:start + self.write_batch_rows]
+            clauses = []
+            params: list[Any] = []
+            for key_group, state_id, ukey, epoch, inclusive in part:
+                op = "<=" if inclusive else "<"
+                clauses.append(f"(key_group = ? AND state_id = ? AND ukey = ? AND epoch {op} ?)")
+                params += [key_group, state_id, ukey, epoch]
+            cur = self._execute(f"DELETE FROM {self.t_state} WHERE " + " OR ".join(clauses),
+                                params)
+            total += max(cur.rowcount, 0)
+            self._commit()
+        return total
+
+    def delete_expired(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
+                       now: int) -> int:
+        """Delete every version whose TTL expired before `now` (ms since the Unix epoch).
+
+        Older versions of an entry never expire later than newer ones (each write sets a
+        later expiry), so no older version can re-appear.
+        """
+        if not state_ids:
+            return 0
+        marks = ", ".join("?" for _ in state_ids)
+        return self._delete_in_batches(
+            f"expires_at_ms IS NOT NULL AND expires_at_ms < ? AND key_group BETWEEN ? AND ? "
+            f"AND state_id IN ({marks})", (now, kg_start, kg_end, *state_ids))
+
+    def delete_all(self, state_ids: Sequence[int], kg_start: int, kg_end: int) -> int:
+        """Delete every version of `state_ids` in key groups `kg_start..kg_end`."""
+        return self.rollback_after(state_ids, kg_start, kg_end, -1)
+
+    def count_rows(self, state_ids: Sequence[int] | None = None) -> int:
+        """Number of rows in the state table (of `state_ids` when given)."""
+        if state_ids is None:
+            return int(self._query(f"SELECT COUNT(*) FROM {self.t_state}")[0][0])
+        if not state_ids:
+            return 0
+        marks = ", ".join("?" for _ in state_ids)
+        return int(self._query(
+            f"SELECT COUNT(*) FROM {self.t_state} WHERE state_id IN ({marks})",
+            tuple(state_ids))[0][0])
+
+    def committed_view_sql(self) -> str:
+        """A SELECT of the committed state: newest version at or below the latest commit
+        marker of its operator, tombstones and chunks > 0 left out."""
+        return (
+            f"SELECT c.operator, c.state_name, s.key_group, s.ukey, s.epoch, s.vjson, s.vbytes, "
+            f"s.expires_at_ms FROM {self.t_state} s JOIN {self.t_catalog} c ON "
+            "c.state_id = s.state_id WHERE s.chunk = 0 AND s.tombstone = 0 AND s.epoch = ("
+            f"SELECT MAX(t.epoch) FROM {self.t_state} t WHERE t.key_group = s.key_group AND "
+            "t.state_id = s.state_id AND t.ukey = s.ukey AND t.chunk = 0 AND t.epoch <= ("
+            f"SELECT MAX(e.epoch) FROM {self.t_epochs} e WHERE e.operator = c.operator))")
+
+    def query_committed(self, operator: str | None = None,
+                        state_name: str | None = None) -> list[dict[str, Any]]:
+        """Rows of :meth:`committed_view_sql`, optionally for one operator and state."""
+        sql = "SELECT * FROM (" + self.committed_view_sql() + ") q WHERE 1 = 1"
+        params: list[Any] = []
+        if operator is not None:
+            sql += " AND q.operator = ?"
+            params.append(operator)
+        if state_name is not None:
+            sql += " AND q.state_name = ?"
+            params.append(state_name)
+        cols = ("operator", "state_name", "key_group", "ukey", "epoch", "vjson", "vbytes",
+                "expires_at_ms")
+        out = []
+        for row in self._query(sql, params):
+            rec = dict(zip(cols, row, strict=True))
+            rec["ukey"] = bytes(rec["ukey"])
+            rec["vbytes"] = None if rec["vbytes"] is None else bytes(rec["vbytes"])
+            out.append(rec)
+        return out

@@ -1,0 +1,38 @@
+"""Open the store named by `state.backend.ndb.url`."""
+
+from __future__ import annotations
+
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.errors import ConfigurationError
+from pyflink_ndb.stores.base import StateStore
+
+
+def create_store(options: NdbStateOptions) -> StateStore:
+    """A store for the options' URL, not yet opened.
+
+    :raises ConfigurationError: the URL scheme is neither `mysql://` nor `sqlite:///`.
+    """
+    url = options.url
+    if url.startswith("sqlite:///"):
+        from pyflink_ndb.stores.sqlite import SqliteStateStore
+
+        return SqliteStateStore(url[len("sqlite:///"):], options.namespace,
+                                options.write_batch_rows)
+    if url.startswith("mysql://"):
+        from pyflink_ndb.stores.mysql import MysqlStateStore
+
+        return MysqlStateStore(url, options.namespace, options.write_batch_rows,
+                               user=options.user, password=options.resolve_password())
+    raise ConfigurationError(
+        "state.backend.ndb.url must start with mysql:// or sqlite:/// "
+        f"(got a URL starting with {url.split(':', 1)[0]!r}).")
+
+
+def open_store(options: NdbStateOptions) -> StateStore:
+    """Create and open the store (tables are created when missing).
+
+    :raises StoreUnavailableError: the database cannot be reached.
+    """
+    store = create_store(options)
+    store.open()
+    return store

@@ -1,0 +1,70 @@
+"""SQLite driver: the embedded store for a laptop quick start (`sqlite:///path`).
+
+Several subtasks (threads of one TaskManager) may share one file; each opens its own
+connection, SQLite's WAL mode lets readers run beside the one writer and `busy_timeout`
+makes writers wait for each other.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from pyflink_ndb.errors import StoreUnavailableError
+from pyflink_ndb.stores.base import StateStore
+
+
+class SqliteStateStore(StateStore):
+    """Tier 3 on a SQLite file. `path` may be `:memory:` for tests."""
+
+    placeholder = "?"
+
+    def __init__(self, path: str, namespace: str, write_batch_rows: int = 500) -> None:
+        super().__init__(namespace, write_batch_rows)
+        self.path = path
+
+    def describe(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    def _connect(self) -> Any:
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=60.0, isolation_level="DEFERRED",
+                                   check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=60000")
+        except sqlite3.Error as err:
+            raise StoreUnavailableError(
+                f"Cannot open the SQLite store {self.path!r}: {err}. Check "
+                "state.backend.ndb.url and that the folder is writable.") from err
+        return conn
+
+    def _insert_ignore(self) -> str:
+        return "INSERT OR IGNORE"
+
+    def _ddl(self) -> list[str]:
+        return [
+            f"CREATE TABLE IF NOT EXISTS {self.t_state} ("
+            "key_group INTEGER NOT NULL, state_id INTEGER NOT NULL, ukey BLOB NOT NULL, "
+            "epoch INTEGER NOT NULL, chunk INTEGER NOT NULL, tombstone INTEGER NOT NULL, "
+            "chunks INTEGER NOT NULL, expires_at_ms INTEGER, fmt INTEGER NOT NULL, "
+            "vbytes BLOB, vjson TEXT, "
+            "PRIMARY KEY (key_group, state_id, ukey, epoch, chunk)) WITHOUT ROWID",
+            f"CREATE INDEX IF NOT EXISTS {self.t_state}_expiry ON {self.t_state} "
+            "(expires_at_ms)",
+            f"CREATE TABLE IF NOT EXISTS {self.t_epochs} ("
+            "operator TEXT NOT NULL, epoch INTEGER NOT NULL, is_savepoint INTEGER NOT NULL, "
+            "committed_at_ms INTEGER NOT NULL, PRIMARY KEY (operator, epoch))",
+            f"CREATE TABLE IF NOT EXISTS {self.t_catalog} ("
+            "state_id INTEGER NOT NULL PRIMARY KEY, operator TEXT NOT NULL, "
+            "state_name TEXT NOT NULL, state_kind TEXT NOT NULL, serializer TEXT NOT NULL, "
+            "ttl_ms INTEGER, format_version INTEGER NOT NULL, UNIQUE (operator, state_name))",
+        ]
+
+    def _translate_error(self, err: Exception) -> Exception | None:
+        if isinstance(err, sqlite3.OperationalError):
+            return StoreUnavailableError(f"SQLite store {self.path!r} failed: {err}")
+        return None
