@@ -419,18 +419,18 @@ class StateStore(ABC):
                 (kg_start, kg_end, state_id, epoch))
         return total
 
-    def delete_older_versions(self, items: Sequence[tuple[int, int, bytes, int, bool]]) -> int:
-        """Garbage-collect: for each (key group, state id, ukey, epoch, inclusive) delete the
-        versions older than `epoch` (and `epoch` itself when `inclusive`)."""
+    def delete_versions(self, deletions: Sequence[Any]) -> int:
+        """Garbage-collect: each deletion (key_group, state_id, ukey, op, epoch) removes the
+        entry's versions with `epoch < bound` (op "<") or `epoch == bound` (op "=")."""
         total = 0
-        for start in range(0, len(items), self.write_batch_rows):
-            part = items[start:start + self.write_batch_rows]
+        for start in range(0, len(deletions), self.write_batch_rows):
+            part = deletions[start:start + self.write_batch_rows]
             clauses = []
             params: list[Any] = []
-            for key_group, state_id, ukey, epoch, inclusive in part:
-                op = "<=" if inclusive else "<"
+            for d in part:
+                op = "<" if d.op == "<" else "="
                 clauses.append(f"(key_group = ? AND state_id = ? AND ukey = ? AND epoch {op} ?)")
-                params += [key_group, state_id, ukey, epoch]
+                params += [d.key_group, d.state_id, d.ukey, d.epoch]
             cur = self._execute(f"DELETE FROM {self.t_state} WHERE " + " OR ".join(clauses),
                                 params)
             total += max(cur.rowcount, 0)

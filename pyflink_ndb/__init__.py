@@ -1,0 +1,35 @@
+"""pyflink-ndb: PyFlink keyed state in an LRU cache, a local RocksDB and RonDB.
+
+Use :func:`process` / :func:`co_process` instead of `KeyedStream.process` /
+`ConnectedStreams.process`; the function and its state declarations stay unchanged.
+"""
+
+from pyflink_ndb.api.stream import co_process, process
+from pyflink_ndb.config import KNOWN_KEYS, NdbStateOptions
+from pyflink_ndb.errors import (
+    CheckpointError,
+    ConfigurationError,
+    NamespaceInUseError,
+    NdbStateError,
+    SerializationError,
+    StateCompatibilityError,
+    StoreUnavailableError,
+    ValueTooLargeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KNOWN_KEYS",
+    "CheckpointError",
+    "ConfigurationError",
+    "NamespaceInUseError",
+    "NdbStateError",
+    "NdbStateOptions",
+    "SerializationError",
+    "StateCompatibilityError",
+    "StoreUnavailableError",
+    "ValueTooLargeError",
+    "co_process",
+    "process",
+]

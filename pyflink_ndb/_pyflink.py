@@ -1,0 +1,59 @@
+"""The one place that reaches into PyFlink internals, where PyFlink offers no public way.
+
+Each function names what it reaches for; tests/test_pyflink_internals.py pins them against
+the installed apache-flink 1.20.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ttl_config_of(descriptor: Any) -> Any:
+    """The `StateTtlConfig` of a state descriptor, or None (PyFlink has no getter)."""
+    return getattr(descriptor, "_ttl_config", None)
+
+
+def j_data_stream(stream: Any) -> Any:
+    """The Java DataStream behind a PyFlink DataStream/KeyedStream."""
+    return stream._j_data_stream
+
+
+def j_env_configuration(stream: Any) -> Any:
+    """The live Java `Configuration` of the stream's execution environment."""
+    from pyflink.util.java_utils import get_j_env_configuration
+
+    return get_j_env_configuration(j_data_stream(stream).getExecutionEnvironment())
+
+
+def add_jar(stream: Any, jar_url: str) -> None:
+    """Add a jar to `pipeline.jars` and to the client's class loader, as
+    `StreamExecutionEnvironment.add_jars` does (which needs the Python env object)."""
+    from pyflink.common import Configuration
+    from pyflink.java_gateway import get_gateway
+    from pyflink.util.java_utils import add_jars_to_context_class_loader
+
+    jvm = get_gateway().jvm
+    env_config = j_env_configuration(stream)
+    jars_key = jvm.org.apache.flink.configuration.PipelineOptions.JARS.key()
+    standard_yaml = jvm.org.apache.flink.configuration.GlobalConfiguration.isStandardYaml()
+    old = Configuration.parse_list_value(env_config.getString(jars_key, None), standard_yaml)
+    if jar_url in old:
+        return
+    add_jars_to_context_class_loader([jar_url])
+    joined = [*old, jar_url]
+    env_config.setString(jars_key, str(joined) if standard_yaml else ";".join(joined))
+
+
+def python_function_info(func: Any, func_type: int) -> Any:
+    """The Java `DataStreamPythonFunctionInfo` of a pickled Python function."""
+    from pyflink.datastream.data_stream import _create_j_data_stream_python_function_info
+
+    return _create_j_data_stream_python_function_info(func, func_type)
+
+
+def function_types() -> Any:
+    """PyFlink's `UserDefinedDataStreamFunction` enum (KEYED_PROCESS, KEYED_CO_PROCESS)."""
+    from pyflink.fn_execution.flink_fn_execution_pb2 import UserDefinedDataStreamFunction
+
+    return UserDefinedDataStreamFunction

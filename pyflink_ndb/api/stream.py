@@ -1,0 +1,176 @@
+"""`process` and `co_process`: apply a keyed function on the bridge operator.
+
+These are the only calls a job needs; the function itself stays an ordinary PyFlink
+`KeyedProcessFunction` / `KeyedCoProcessFunction` that declares its state in `open()`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pyflink.datastream import (
+    ConnectedStreams,
+    DataStream,
+    KeyedCoProcessFunction,
+    KeyedProcessFunction,
+    KeyedStream,
+)
+
+from pyflink_ndb import _pyflink
+from pyflink_ndb.api.functions import TieredKeyedCoProcessFunction, TieredKeyedProcessFunction
+from pyflink_ndb.config import (
+    PREFIX,
+    NdbStateOptions,
+    from_flink_keys,
+    resolve_sqlite_url,
+    to_flink_keys,
+)
+from pyflink_ndb.errors import ConfigurationError
+from pyflink_ndb.stores.factory import open_store
+
+#: The bridge jar shipped inside the package (built by `make jar`).
+BRIDGE_JAR = Path(__file__).resolve().parent.parent / "jars" / "pyflink-ndb-bridge.jar"
+_BRIDGE_PACKAGE = "io.pyflinkndb.bridge"
+#: Option key (inside the operator's options JSON) carrying the stable operator name.
+OPERATOR_KEY = "pyflink-ndb.operator"
+
+
+def bridge_jar() -> Path:
+    """Path of the bridge jar.
+
+    :raises ConfigurationError: the jar is missing (the message says how to build it).
+    """
+    if not BRIDGE_JAR.is_file():
+        raise ConfigurationError(
+            f"The pyflink-ndb bridge jar is missing at {BRIDGE_JAR}. Build it with `make jar` "
+            "(javac against the jars of the installed apache-flink wheel).")
+    return BRIDGE_JAR
+
+
+def _job_options(j_conf: Any, options: NdbStateOptions | Mapping[str, Any] | None
+                 ) -> NdbStateOptions:
+    env_keys = {k: v for k, v in dict(j_conf.toMap()).items()
+                if k.startswith(PREFIX) or k == "state.checkpoints.num-retained"}
+    if isinstance(options, NdbStateOptions):
+        explicit = to_flink_keys(options)
+    else:
+        explicit = dict(options or {})
+    resolved = from_flink_keys(env_keys, explicit)
+    return resolved.replace(url=resolve_sqlite_url(resolved.url))
+
+
+def _prepare(stream: Any, function: Any, uid: str | None,
+             options: NdbStateOptions | Mapping[str, Any] | None,
+             check_store: bool) -> tuple[Any, str]:
+    j_conf = _pyflink.j_env_configuration(stream)
+    mode = j_conf.getString("python.execution-mode", "process")
+    if mode != "thread":
+        raise ConfigurationError(
+            f"pyflink-ndb needs thread mode, but python.execution-mode is {mode!r}. Set "
+            "`python.execution-mode: thread` in flink-conf.yaml or "
+            "config.set_string('python.execution-mode', 'thread').")
+    if not j_conf.containsKey("python.executable"):
+        # Restarted tasks need the same interpreter (see README, "Thread mode").
+        j_conf.setString("python.executable", sys.executable)
+    resolved = _job_options(j_conf, options)
+    if check_store:
+        open_store(resolved).close()
+    jar = bridge_jar()
+    _pyflink.add_jar(stream, jar.as_uri())
+    operator = uid or f"{type(function).__module__}.{type(function).__qualname__}"
+    keys = to_flink_keys(resolved)
+    keys[PREFIX + "url"] = resolved.url
+    keys[OPERATOR_KEY] = operator
+    return j_conf, json.dumps(keys, sort_keys=True)
+
+
+def _output_type_info(output_type: Any) -> Any:
+    from pyflink.common.typeinfo import RowTypeInfo, Types
+
+    if output_type is None:
+        return Types.PICKLED_BYTE_ARRAY()
+    if isinstance(output_type, list):
+        return RowTypeInfo(output_type)
+    return output_type
+
+
+def process(keyed_stream: KeyedStream, function: KeyedProcessFunction,
+            output_type: Any = None, *, uid: str | None = None, name: str | None = None,
+            options: NdbStateOptions | Mapping[str, Any] | None = None,
+            check_store: bool = True) -> DataStream:
+    """Apply `function` to `keyed_stream` with its keyed state in pyflink-ndb.
+
+    :param keyed_stream: the result of `DataStream.key_by(...)`.
+    :param function: an ordinary `KeyedProcessFunction`; it declares state in `open()`.
+    :param output_type: `TypeInformation` of the output (None: pickled bytes), as for
+        `KeyedStream.process`.
+    :param uid: stable operator name; it names the operator's states in the store and is
+        set as the Flink operator uid. None: the function's qualified class name (give a
+        uid when one job applies the same class twice).
+    :param name: display name of the operator (default "NDB KEYED PROCESS").
+    :param options: `NdbStateOptions` or a dict of `state.backend.ndb.*` keys; they override
+        the environment's configuration (flink-conf.yaml, `Configuration`).
+    :param check_store: open the store once now, so that a wrong URL or an unreachable
+        database fails when the job is built (default True).
+    :returns: the output stream.
+    :raises ConfigurationError: process mode, an unknown `state.backend.ndb.*` key, a bad
+        value or a missing bridge jar.
+    :raises StoreUnavailableError: `check_store` and the database cannot be reached.
+    """
+    if not isinstance(keyed_stream, KeyedStream):
+        raise TypeError("pyflink_ndb.process needs a KeyedStream: call key_by(...) first.")
+    if not isinstance(function, KeyedProcessFunction):
+        raise TypeError("pyflink_ndb.process needs a KeyedProcessFunction.")
+    from pyflink.java_gateway import get_gateway
+
+    j_conf, options_json = _prepare(keyed_stream, function, uid, options, check_store)
+    types = _pyflink.function_types()
+    j_info = _pyflink.python_function_info(TieredKeyedProcessFunction(function),
+                                           types.KEYED_PROCESS)
+    j_stream = _pyflink.j_data_stream(keyed_stream)
+    j_output = _output_type_info(output_type).get_java_type_info()
+    operator_cls = getattr(get_gateway().jvm, _BRIDGE_PACKAGE + ".NdbKeyedProcessOperator")
+    j_operator = operator_cls(j_conf, j_info, j_stream.getTransformation().getOutputType(),
+                              j_output, options_json)
+    result = DataStream(j_stream.transform(name or "NDB KEYED PROCESS", j_output, j_operator))
+    if uid:
+        result.uid(uid)
+    return result
+
+
+def co_process(connected: ConnectedStreams, function: KeyedCoProcessFunction,
+               output_type: Any = None, *, uid: str | None = None, name: str | None = None,
+               options: NdbStateOptions | Mapping[str, Any] | None = None,
+               check_store: bool = True) -> DataStream:
+    """Apply a `KeyedCoProcessFunction` to two connected keyed streams with tiered state.
+
+    Arguments, result and errors as :func:`process`; `connected` is
+    `keyed1.connect(keyed2)` where both inputs are keyed.
+    """
+    if not (isinstance(connected, ConnectedStreams)
+            and isinstance(connected.stream1, KeyedStream)
+            and isinstance(connected.stream2, KeyedStream)):
+        raise TypeError("pyflink_ndb.co_process needs two connected KeyedStreams.")
+    if not isinstance(function, KeyedCoProcessFunction):
+        raise TypeError("pyflink_ndb.co_process needs a KeyedCoProcessFunction.")
+    from pyflink.java_gateway import get_gateway
+
+    j_conf, options_json = _prepare(connected.stream1, function, uid, options, check_store)
+    types = _pyflink.function_types()
+    j_info = _pyflink.python_function_info(TieredKeyedCoProcessFunction(function),
+                                           types.KEYED_CO_PROCESS)
+    j1 = _pyflink.j_data_stream(connected.stream1)
+    j2 = _pyflink.j_data_stream(connected.stream2)
+    j_output = _output_type_info(output_type).get_java_type_info()
+    operator_cls = getattr(get_gateway().jvm, _BRIDGE_PACKAGE + ".NdbKeyedCoProcessOperator")
+    j_operator = operator_cls(j_conf, j_info, j1.getTransformation().getOutputType(),
+                              j2.getTransformation().getOutputType(), j_output, options_json)
+    result = DataStream(j1.connect(j2).transform(name or "NDB KEYED CO-PROCESS", j_output,
+                                                 j_operator))
+    if uid:
+        result.uid(uid)
+    return result

@@ -1,0 +1,1 @@
+"""The checkpoint protocol: epochs, commit markers, roll-back on restore, garbage collection."""

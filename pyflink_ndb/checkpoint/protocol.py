@@ -1,0 +1,206 @@
+"""The epoch protocol of one subtask (DESIGN.md, decision 4).
+
+* epoch = epoch offset + Flink checkpoint id (the offset is 0 unless a fresh start resumed
+  a namespace; the bridge keeps it in Flink's operator state);
+* :meth:`EpochProtocol.snapshot` writes every dirty entry as the checkpoint's epoch and
+  returns when it is durable;
+* :meth:`EpochProtocol.complete` writes the commit marker and collects garbage;
+* :meth:`EpochProtocol.restore` rolls back what never completed and empties tiers 1-2.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyflink_ndb.checkpoint.gc import VersionLedger
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.errors import CheckpointError, NamespaceInUseError, ValueTooLargeError
+from pyflink_ndb.stores.base import StateStore, now_ms
+from pyflink_ndb.tiers.table import TieredTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SubtaskScope:
+    """What identifies a subtask's share of the state."""
+
+    operator: str
+    subtask_index: int
+    key_group_start: int
+    key_group_end: int
+
+
+class EpochProtocol:
+    """Snapshot, commit, abort, restore and garbage collection for one subtask."""
+
+    def __init__(self, store: StateStore, table: TieredTable, options: NdbStateOptions,
+                 scope: SubtaskScope, clock_ms: Callable[[], int] = now_ms) -> None:
+        self.store = store
+        self.table = table
+        self.options = options
+        self.scope = scope
+        self.clock_ms = clock_ms
+        self.epoch_offset = 0
+        self.restored_epoch: int | None = None
+        self.ledger = VersionLedger()
+        self._pending: dict[int, bool] = {}  # epoch -> is_savepoint, snapshotted not complete
+        self._ttl_states: set[int] = set()
+        self._json_of: Callable[[int, bytes], str | None] = lambda sid, value: None
+        self.last_snapshot_rows = 0
+        self.snapshots = 0
+        self.completed = 0
+
+    def set_json_renderer(self, json_of: Callable[[int, bytes], str | None]) -> None:
+        self._json_of = json_of
+
+    def add_ttl_state(self, state_id: int) -> None:
+        self._ttl_states.add(state_id)
+
+    # -- restore --------------------------------------------------------------------------
+    def restore(self, restored_checkpoint_id: int | None,
+                restored_epoch_offset: int | None) -> None:
+        """Bring tier 3 to the restored checkpoint (or a fresh start) before any record.
+
+        :raises NamespaceInUseError: a fresh start found committed state and
+            `on-fresh-start` is `fail`.
+        """
+        s = self.scope
+        state_ids = self.store.state_ids(s.operator)
+        self.table.clear()
+        if restored_checkpoint_id is not None:
+            self.epoch_offset = restored_epoch_offset or 0
+            epoch = self.epoch_offset + restored_checkpoint_id
+            removed = self.store.rollback_after(state_ids, s.key_group_start,
+                                                s.key_group_end, epoch)
+            # The restored checkpoint completed, even if its notification was lost.
+            self.store.commit_epoch(s.operator, epoch)
+            if s.subtask_index == 0:
+                self.store.delete_commit_markers(s.operator, after_epoch=epoch)
+            self.restored_epoch = epoch
+            log.info("pyflink-ndb %s/%d restored epoch %d (checkpoint %d), rolled back %d rows",
+                     s.operator, s.subtask_index, epoch, restored_checkpoint_id, removed)
+            return
+        committed = self.store.latest_committed_epoch(s.operator)
+        if committed is None:
+            # Only leftovers of attempts that never completed a checkpoint: not state.
+            self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
+            self.epoch_offset = 0
+            return
+        policy = self.options.on_fresh_start
+        if policy == "fail":
+            raise NamespaceInUseError(
+                f"Namespace {self.options.namespace!r} in {self.store.describe()} already "
+                f"holds committed state of operator {s.operator!r} (latest epoch {committed}) "
+                "and this job starts without a checkpoint or savepoint. Restore the job from "
+                "its checkpoint/savepoint, or set state.backend.ndb.on-fresh-start to "
+                "`resume` (continue from epoch "
+                f"{committed}) or `truncate` (delete it), or use another "
+                "state.backend.ndb.namespace.")
+        if policy == "truncate":
+            self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
+            if s.subtask_index == 0:
+                self.store.delete_commit_markers(s.operator)
+            self.epoch_offset = 0
+            return
+        removed = self.store.rollback_after(state_ids, s.key_group_start, s.key_group_end,
+                                            committed)
+        self.epoch_offset = committed
+        self.restored_epoch = committed
+        log.info("pyflink-ndb %s/%d resumed epoch %d, rolled back %d rows", s.operator,
+                 s.subtask_index, committed, removed)
+
+    def prefetch(self, state_ids: Sequence[int]) -> int:
+        """Eager restore: copy the subtask's newest versions into tiers 1-2 (clean)."""
+        s = self.scope
+        count = 0
+        for state_id, key_group, ukey, version in self.store.scan_key_groups(
+                state_ids, s.key_group_start, s.key_group_end):
+            if not version.tombstone:
+                self.table.preload(state_id, ukey, key_group, version.value,
+                                   version.expires_at_ms)
+                count += 1
+        return count
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def epoch_of(self, checkpoint_id: int) -> int:
+        return self.epoch_offset + checkpoint_id
+
+    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> int:
+        """Write every dirty entry as epoch `offset + checkpoint_id`; durable on return.
+
+        :returns: rows written.
+        :raises ValueTooLargeError: a value exceeds `value.max-bytes` (nothing written).
+        :raises CheckpointError: the store failed; the checkpoint must fail.
+        """
+        epoch = self.epoch_of(checkpoint_id)
+        rows = self.table.dirty_rows(self._json_of)
+        limit = self.options.value_max_bytes
+        for row in rows:
+            if row.value is not None and len(row.value) > limit:
+                raise ValueTooLargeError(
+                    f"A value of {len(row.value)} bytes (state id {row.state_id}) exceeds "
+                    f"state.backend.ndb.value.max-bytes={limit}; checkpoint {checkpoint_id} "
+                    "wrote nothing. Store smaller values or raise the limit.")
+        try:
+            self.store.write_epoch(epoch, rows)
+        except ValueTooLargeError:
+            raise
+        except Exception as err:
+            raise CheckpointError(
+                f"Checkpoint {checkpoint_id} (epoch {epoch}) could not be written to "
+                f"{self.store.describe()}: {err}") from err
+        for row in rows:
+            self.ledger.record((row.key_group, row.state_id, row.ukey), epoch, row.tombstone)
+        self.table.mark_clean()
+        self._pending[epoch] = is_savepoint
+        self.last_snapshot_rows = len(rows)
+        self.snapshots += 1
+        return len(rows)
+
+    def complete(self, checkpoint_id: int) -> None:
+        """Commit marker for the checkpoint, then garbage collection."""
+        epoch = self.epoch_of(checkpoint_id)
+        is_savepoint = self._pending.pop(epoch, False)
+        for older in [e for e in self._pending if e < epoch]:
+            self._pending.pop(older)  # subsumed: the completed epoch covers them
+        self.store.commit_epoch(self.scope.operator, epoch, is_savepoint)
+        self.completed += 1
+        self.collect_garbage()
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Nothing to undo: the rows stay part of this attempt's history and the next
+        completed checkpoint covers them; only a restore rolls back."""
+        log.info("pyflink-ndb %s/%d: checkpoint %d aborted", self.scope.operator,
+                 self.scope.subtask_index, checkpoint_id)
+
+    def final_flush(self) -> int:
+        """Bounded input without checkpointing: write and commit one final epoch."""
+        latest = self.store.latest_committed_epoch(self.scope.operator) or 0
+        checkpoint_id = max(latest, self.restored_epoch or 0) + 1 - self.epoch_offset
+        written = self.snapshot(checkpoint_id)
+        self.complete(checkpoint_id)
+        return written
+
+    def protected_epochs(self) -> tuple[list[int], int]:
+        """(protected epochs, latest committed epoch) from the commit markers."""
+        markers = self.store.committed_epochs(self.scope.operator)
+        checkpoints = [e for e, sp in markers if not sp]
+        savepoints = [e for e, sp in markers if sp]
+        retained = self.options.checkpoints_retained or 1
+        latest = max((e for e, _ in markers), default=-1)
+        return sorted(set(checkpoints[-retained:] + savepoints)), latest
+
+    def collect_garbage(self) -> int:
+        protected, latest = self.protected_epochs()
+        deletions = self.ledger.collect(protected, latest)
+        removed = 0
+        if deletions:
+            removed += self.store.delete_versions(deletions)
+        if self._ttl_states:
+            s = self.scope
+            removed += self.store.delete_expired(sorted(self._ttl_states), s.key_group_start,
+                                                 s.key_group_end, self.clock_ms())
+        return removed

@@ -1,0 +1,188 @@
+"""The state backend of one subtask: options, tiers, the epoch protocol, the current key.
+
+The Java bridge creates one per subtask through :func:`pyflink_ndb.runtime.bridge.bind`
+and calls, on the task thread and in this order (bytewax-style life-cycle contract):
+
+1. `bind` (from `openPythonInterpreter`, before the user's `open()`);
+2. any number of records, each preceded by :meth:`set_current_key`;
+3. :meth:`snapshot` (from `snapshotState`), :meth:`notify_checkpoint_complete` or
+   :meth:`notify_checkpoint_aborted` (from the checkpoint notifications), in any
+   interleaving Flink produces;
+4. :meth:`finish` once on bounded input (after the user's `close()`), then a final
+   checkpoint's `snapshot`/`notify_checkpoint_complete` when checkpointing is on;
+5. :meth:`close` exactly once; nothing is called after it.
+
+Several subtasks share one interpreter in thread mode, so nothing here lives in module
+globals: each backend is reached through its handle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cachetools import LRUCache
+
+from pyflink_ndb.checkpoint.protocol import EpochProtocol, SubtaskScope
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.serialization.keys import encode_key
+from pyflink_ndb.serialization.values import SERIALIZER_NAME, decode_value, value_json
+from pyflink_ndb.stores.base import StateStore, now_ms
+from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.tiers.local import LocalTier
+from pyflink_ndb.tiers.table import TieredTable
+
+log = logging.getLogger(__name__)
+
+
+class KeyGroupOracle(Protocol):
+    """Answers the key group of the operator's current key, as Flink routes it."""
+
+    def currentKeyGroup(self) -> int: ...  # noqa: N802 (Java method name)
+
+
+@dataclass(frozen=True)
+class BindInfo:
+    """What the bridge tells a subtask when it binds (see java-bridge/README.md)."""
+
+    operator: str
+    subtask_index: int = 0
+    parallelism: int = 1
+    max_parallelism: int = 128
+    attempt: int = 0
+    key_group_start: int = 0
+    key_group_end: int = 127
+    restored_checkpoint_id: int | None = None
+    restored_epoch_offset: int | None = None
+    checkpointing_enabled: bool = True
+    local_dir: str | None = None
+    job_id: str = "local"
+
+
+class SubtaskStateBackend:
+    """Tiered keyed state of one subtask (one operator instance).
+
+    :param options: resolved options.
+    :param info: the subtask's identity and restore point.
+    :param key_groups: the Java oracle for key groups of new keys.
+    :param store: an opened store to use instead of opening one from `options.url` (tests).
+    :param clock_ms: processing-time clock for TTL (ms since the Unix epoch).
+    :raises StoreUnavailableError: the store cannot be reached.
+    :raises NamespaceInUseError: see `on-fresh-start`.
+    """
+
+    def __init__(self, options: NdbStateOptions, info: BindInfo, key_groups: KeyGroupOracle,
+                 store: StateStore | None = None,
+                 clock_ms: Callable[[], int] = now_ms) -> None:
+        self.options = options
+        self.info = info
+        self.clock_ms = clock_ms
+        self._key_groups = key_groups
+        self._closed = False
+        self.store = store if store is not None else open_store(options)
+        local = None
+        if options.local_enabled:
+            base = options.local_dir or info.local_dir or os.path.join(
+                os.environ.get("TMPDIR", "/tmp"))
+            path = os.path.join(base, "pyflink-ndb", info.job_id,
+                                f"{_safe(info.operator)}-{info.subtask_index}-{info.attempt}-"
+                                f"{uuid.uuid4().hex[:8]}")
+            local = LocalTier(path)
+        self.table = TieredTable(self.store, options.cache_max_entries, local)
+        self.protocol = EpochProtocol(
+            self.store, self.table, options,
+            SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
+                         info.key_group_end), clock_ms)
+        self.protocol.set_json_renderer(self._render_json)
+        self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
+        self._kg_cache: LRUCache = LRUCache(maxsize=max(options.cache_max_entries, 10_000))
+        self.current_key: Any = None
+        self.current_key_bytes: bytes | None = None
+        self.current_key_group = -1
+        self.protocol.restore(info.restored_checkpoint_id, info.restored_epoch_offset)
+        if options.restore_mode == "eager":
+            loaded = self.protocol.prefetch(self.store.state_ids(info.operator))
+            log.info("pyflink-ndb %s/%d prefetched %d entries", info.operator,
+                     info.subtask_index, loaded)
+
+    # -- states ---------------------------------------------------------------------------
+    def register_state(self, name: str, kind: str, ttl_ms: int | None, *,
+                       prefix_keyed: bool = False,
+                       json_of: Callable[[bytes], str | None] | None = None) -> int:
+        """Declare a state of this operator; returns its state id.
+
+        :raises StateCompatibilityError: incompatible with the stored declaration.
+        """
+        state_id = self.store.register_state(self.info.operator, name, kind, SERIALIZER_NAME,
+                                             ttl_ms)
+        if prefix_keyed:
+            self.table.prefix_states.add(state_id)
+        if ttl_ms is not None:
+            self.protocol.add_ttl_state(state_id)
+        if json_of is not None:
+            self._json_renderers[state_id] = json_of
+        return state_id
+
+    def _render_json(self, state_id: int, value: bytes) -> str | None:
+        renderer = self._json_renderers.get(state_id)
+        if renderer is not None:
+            return renderer(value)
+        return value_json(decode_value(value))
+
+    # -- current key ----------------------------------------------------------------------
+    def set_current_key(self, key: Any) -> None:
+        """Make `key` the current Flink key; asks Java for its key group once per key."""
+        if key is self.current_key and self.current_key_bytes is not None:
+            return
+        key_bytes = encode_key(key)
+        self.current_key = key
+        if key_bytes == self.current_key_bytes:
+            return
+        self.current_key_bytes = key_bytes
+        key_group = self._kg_cache.get(key_bytes)
+        if key_group is None:
+            key_group = int(self._key_groups.currentKeyGroup())
+            self._kg_cache[key_bytes] = key_group
+        self.current_key_group = key_group
+
+    def require_key(self) -> tuple[bytes, int]:
+        if self.current_key_bytes is None:
+            raise RuntimeError("No current key: keyed state is only accessible while "
+                               "processing a record or timer of a keyed stream.")
+        return self.current_key_bytes, self.current_key_group
+
+    # -- hooks called by the Java bridge --------------------------------------------------
+    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> int:
+        return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint))
+
+    def epoch_offset(self) -> int:
+        return self.protocol.epoch_offset
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.protocol.complete(int(checkpoint_id))
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self.protocol.abort(int(checkpoint_id))
+
+    def finish(self) -> None:
+        """End of bounded input: without checkpointing, write and commit a final epoch
+        (with checkpointing, Flink's final checkpoint does it)."""
+        if not self.info.checkpointing_enabled:
+            self.protocol.final_flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.table.close()
+        finally:
+            self.store.close()
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:80]

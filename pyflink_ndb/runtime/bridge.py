@@ -1,0 +1,85 @@
+"""Entry points called by the Java bridge operators (see java-bridge/README.md).
+
+`bind` builds the subtask's backend and leaves it in a per-thread slot; the user function
+wrapper, opened right after on the same task thread, claims it. Java keeps its own
+reference (`ndb_backend` in the operator's interpreter globals) for the checkpoint hooks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from pyflink_ndb.config import from_flink_keys
+from pyflink_ndb.errors import ConfigurationError
+from pyflink_ndb.runtime.backend import BindInfo, KeyGroupOracle, SubtaskStateBackend
+
+log = logging.getLogger(__name__)
+_slot = threading.local()
+
+
+def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
+    """Split the bridge's JSON into (merged option keys, BindInfo)."""
+    info = json.loads(info_json)
+    options = info.get("options") or {}
+    if isinstance(options, str):
+        options = json.loads(options) if options else {}
+    cluster = info.get("cluster_options") or {}
+    local_dirs = info.get("local_dirs") or []
+    job_options = dict(options)
+    operator = job_options.pop("pyflink-ndb.operator", None) or info.get("operator_id")
+    bind = BindInfo(
+        operator=str(operator),
+        subtask_index=int(info.get("subtask_index", 0)),
+        parallelism=int(info.get("parallelism", 1)),
+        max_parallelism=int(info.get("max_parallelism", 128)),
+        attempt=int(info.get("attempt", 0)),
+        key_group_start=int(info.get("key_group_start", 0)),
+        key_group_end=int(info.get("key_group_end", 127)),
+        restored_checkpoint_id=_opt_int(info.get("restored_checkpoint_id")),
+        restored_epoch_offset=_opt_int(info.get("restored_epoch_offset")),
+        checkpointing_enabled=bool(info.get("checkpointing_enabled", True)),
+        local_dir=local_dirs[0] if local_dirs else None,
+        job_id=str(info.get("job_id", "local")),
+    )
+    merged = {**cluster, **job_options}
+    return merged, bind
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def bind(info_json: str, key_groups: KeyGroupOracle) -> SubtaskStateBackend:
+    """Create the backend of the subtask whose bridge calls this (Java `openPythonInterpreter`).
+
+    :raises ConfigurationError, StoreUnavailableError, NamespaceInUseError: the job cannot
+        start; the message says what to fix.
+    """
+    keys, info = parse_bind_info(info_json)
+    options = from_flink_keys(keys)
+    backend = SubtaskStateBackend(options, info, key_groups)
+    log.info("pyflink-ndb bound %s subtask %d/%d (attempt %d, key groups %d-%d) on %s",
+             info.operator, info.subtask_index, info.parallelism, info.attempt,
+             info.key_group_start, info.key_group_end, backend.store.describe())
+    _slot.backend = backend
+    return backend
+
+
+def claim_bound_backend() -> SubtaskStateBackend:
+    """The backend bound on this thread for the operator being opened.
+
+    :raises ConfigurationError: no bridge operator bound one: the function runs on a plain
+        PyFlink operator (use `pyflink_ndb.process`, and keep the bridge jar on the
+        classpath).
+    """
+    backend = getattr(_slot, "backend", None)
+    if backend is None:
+        raise ConfigurationError(
+            "pyflink-ndb tiered state was opened outside the pyflink-ndb bridge operator. "
+            "Apply the function with pyflink_ndb.process(...) / pyflink_ndb.co_process(...) "
+            "and run in thread mode (python.execution-mode: thread).")
+    _slot.backend = None
+    return backend

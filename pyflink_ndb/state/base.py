@@ -1,0 +1,73 @@
+"""What every tiered state shares: registration, the current key, TTL.
+
+TTL follows `StateTtlConfig` with processing time: a write sets `expiry = now + ttl`;
+with `UpdateType.OnReadAndWrite` a read that finds a live value prolongs it. An expired
+value is never returned from any tier (both visibilities behave as `NeverReturnExpired`,
+which Flink's `ReturnExpiredIfNotCleanedUp` permits) and expired rows are deleted from
+the store when a checkpoint completes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyflink_ndb._pyflink import ttl_config_of
+from pyflink_ndb.tiers.table import Entry
+
+if TYPE_CHECKING:
+    from pyflink_ndb.runtime.backend import SubtaskStateBackend
+
+
+class TtlPolicy:
+    """TTL of one state (from its descriptor), or none."""
+
+    def __init__(self, descriptor: Any) -> None:
+        config = ttl_config_of(descriptor)
+        self.ttl_ms: int | None = None
+        self.refresh_on_read = False
+        if config is not None and config.is_enabled():
+            from pyflink.datastream.state import StateTtlConfig
+
+            self.ttl_ms = int(config.get_ttl().to_milliseconds())
+            self.refresh_on_read = (config.get_update_type()
+                                    == StateTtlConfig.UpdateType.OnReadAndWrite)
+
+
+class TieredState:
+    """Base of the tiered states: one registered state of one subtask."""
+
+    kind = "state"
+    prefix_keyed = False
+
+    def __init__(self, backend: SubtaskStateBackend, descriptor: Any) -> None:
+        self._backend = backend
+        self._table = backend.table
+        self._clock = backend.clock_ms
+        self.name = descriptor.get_name()
+        self._ttl = TtlPolicy(descriptor)
+        self._state_id = backend.register_state(
+            self.name, self.kind, self._ttl.ttl_ms, prefix_keyed=self.prefix_keyed,
+            json_of=self._json_of())
+
+    def _json_of(self) -> Any:
+        return None
+
+    def _expiry(self) -> int | None:
+        return None if self._ttl.ttl_ms is None else self._clock() + self._ttl.ttl_ms
+
+    def _live(self, entry: Entry) -> bool:
+        return entry.value is not None and (
+            entry.expires_at_ms is None or entry.expires_at_ms > self._clock())
+
+    def _read(self, ukey: bytes, key_group: int) -> bytes | None:
+        """The live value bytes of an entry of the current key (TTL applied), or None."""
+        entry = self._table.get(self._state_id, ukey, key_group)
+        if not self._live(entry):
+            return None
+        if self._ttl.refresh_on_read:
+            self._table.put(self._state_id, ukey, key_group, entry.value, self._expiry())
+        return entry.value
+
+    def _write(self, ukey: bytes, key_group: int, value: bytes | None) -> None:
+        self._table.put(self._state_id, ukey, key_group, value,
+                        None if value is None else self._expiry())

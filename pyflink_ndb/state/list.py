@@ -1,0 +1,160 @@
+"""`ListState` on tiered storage, in segments so that a checkpoint writes only what changed.
+
+Layout per Flink key: a head entry (ukey = encoded key) holding `(segments, token)`, and
+segment entries (ukey = encoded key + encoded segment number) holding lists of elements.
+`add`/`add_all` append to the newest segment while it was created in the current epoch,
+else open a new one: appending to a long list writes one small segment per checkpoint,
+not the whole list. After :data:`MAX_SEGMENTS` segments the list is compacted into one.
+With TTL each element carries its own expiry (as in Flink); expired elements are dropped
+and a list whose elements all expired is cleared, leaving no empty head behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyflink.datastream.state import ListState
+
+from pyflink_ndb.serialization.keys import encode_key
+from pyflink_ndb.serialization.values import decode_value, encode_value, value_json
+from pyflink_ndb.state.base import TieredState
+
+#: Segments after which a list is rewritten as one segment.
+MAX_SEGMENTS = 32
+
+
+class TieredListState(TieredState, ListState):
+    """A `ListState`.
+
+    * `get()` returns a list: `[]` when the state is empty or cleared (never None);
+      `update([])` and `update(None)` leave it empty.
+    * `add(None)`, or `None` inside `add_all`/`update`, raises `ValueError` and changes
+      nothing, as Flink's `ListState` rejects null elements.
+    """
+
+    kind = "list"
+    prefix_keyed = True
+
+    def _json_of(self) -> Any:
+        ttl = self._ttl.ttl_ms is not None
+
+        def render(data: bytes) -> str | None:
+            value = decode_value(data)
+            if isinstance(value, tuple):  # the head
+                return None
+            return value_json([v for v, _ in value] if ttl else value)
+
+        return render
+
+    # -- layout ---------------------------------------------------------------------------
+    def _head(self, key_bytes: bytes, key_group: int) -> tuple[int, int]:
+        entry = self._table.get(self._state_id, key_bytes, key_group)
+        if entry.value is None:
+            return 0, 0
+        segments, token = decode_value(entry.value)
+        return segments, token
+
+    def _write_head(self, key_bytes: bytes, key_group: int, segments: int,
+                    expires: int | None) -> None:
+        self._table.put(self._state_id, key_bytes, key_group,
+                        encode_value((segments, self._table.epoch_token)), expires)
+
+    def _segment_key(self, key_bytes: bytes, index: int) -> bytes:
+        return key_bytes + encode_key(index)
+
+    def _read_segment(self, key_bytes: bytes, key_group: int, index: int) -> list[Any]:
+        entry = self._table.get(self._state_id, self._segment_key(key_bytes, index),
+                                key_group)
+        return [] if entry.value is None else decode_value(entry.value)
+
+    def _write_segment(self, key_bytes: bytes, key_group: int, index: int,
+                       items: list[Any]) -> None:
+        expires = max((e for _, e in items), default=None) if self._ttl.ttl_ms else None
+        self._table.put(self._state_id, self._segment_key(key_bytes, index), key_group,
+                        encode_value(items), expires)
+
+    def _wrap(self, values: list[Any]) -> list[Any]:
+        if self._ttl.ttl_ms is None:
+            return list(values)
+        expires = self._expiry()
+        return [(v, expires) for v in values]
+
+    def _check(self, values: list[Any]) -> None:
+        if any(v is None for v in values):
+            raise ValueError("None cannot be added to a ListState (as in Flink); nothing "
+                             "was changed.")
+
+    def _stored_items(self, key_bytes: bytes, key_group: int, segments: int) -> list[Any]:
+        items: list[Any] = []
+        for index in range(segments):
+            items.extend(self._read_segment(key_bytes, key_group, index))
+        return items
+
+    def _rewrite(self, key_bytes: bytes, key_group: int, old_segments: int,
+                 items: list[Any]) -> None:
+        """Make the list exactly `items` (wrapped) in one segment; empty clears it."""
+        for index in range(1 if items else 0, old_segments):
+            self._table.put(self._state_id, self._segment_key(key_bytes, index), key_group,
+                            None)
+        if not items:
+            self._table.put(self._state_id, key_bytes, key_group, None)
+            return
+        self._write_segment(key_bytes, key_group, 0, items)
+        self._write_head(key_bytes, key_group, 1, self._head_expiry(items))
+
+    def _head_expiry(self, items: list[Any]) -> int | None:
+        return max(e for _, e in items) if self._ttl.ttl_ms and items else None
+
+    # -- API ------------------------------------------------------------------------------
+    def get(self) -> list[Any]:
+        key_bytes, key_group = self._backend.require_key()
+        segments, _ = self._head(key_bytes, key_group)
+        if segments == 0:
+            return []
+        items = self._stored_items(key_bytes, key_group, segments)
+        if self._ttl.ttl_ms is None:
+            return items
+        now = self._clock()
+        live = [(v, e) for v, e in items if e > now]
+        if len(live) != len(items) or (live and self._ttl.refresh_on_read):
+            if self._ttl.refresh_on_read:
+                live = self._wrap([v for v, _ in live])
+            self._rewrite(key_bytes, key_group, segments, live)
+        return [v for v, _ in live]
+
+    def add(self, value: Any) -> None:
+        self.add_all([value])
+
+    def add_all(self, values: list[Any]) -> None:
+        values = list(values)
+        self._check(values)
+        if not values:
+            return
+        key_bytes, key_group = self._backend.require_key()
+        segments, token = self._head(key_bytes, key_group)
+        items = self._wrap(values)
+        if segments and token == self._table.epoch_token:
+            last = self._read_segment(key_bytes, key_group, segments - 1)
+            self._write_segment(key_bytes, key_group, segments - 1, last + items)
+        elif segments + 1 > MAX_SEGMENTS:
+            stored = self._stored_items(key_bytes, key_group, segments)
+            self._rewrite(key_bytes, key_group, segments, stored + items)
+            return
+        else:
+            self._write_segment(key_bytes, key_group, segments, items)
+            segments += 1
+        head_expiry = self._head_expiry(items)
+        if head_expiry is not None:
+            old = self._table.get(self._state_id, key_bytes, key_group).expires_at_ms
+            head_expiry = max(head_expiry, old or 0)
+        self._write_head(key_bytes, key_group, segments, head_expiry)
+
+    def update(self, values: list[Any] | None) -> None:
+        values = [] if values is None else list(values)
+        self._check(values)
+        key_bytes, key_group = self._backend.require_key()
+        segments, _ = self._head(key_bytes, key_group)
+        self._rewrite(key_bytes, key_group, segments, self._wrap(values))
+
+    def clear(self) -> None:
+        self.update([])

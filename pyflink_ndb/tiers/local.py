@@ -1,0 +1,88 @@
+"""Tier 2: an embedded RocksDB (rocksdict) per subtask, in a local directory.
+
+The directory is emptied when the subtask opens: tier 2 only ever holds copies of entries
+of this attempt (a restore starts from tier 3). Keys are `state_id (4 bytes) + ukey`, so
+one state's entries of one Flink key are contiguous and can be iterated by prefix.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from rocksdict import Options, Rdict, ReadOptions
+
+_HEADER = struct.Struct(">bhq")  # has_value, key_group, expires_at_ms (-1 = none)
+
+
+def pack(value: bytes | None, key_group: int, expires_at_ms: int | None) -> bytes:
+    header = _HEADER.pack(0 if value is None else 1, key_group,
+                          -1 if expires_at_ms is None else expires_at_ms)
+    return header if value is None else header + value
+
+
+def unpack(data: bytes) -> tuple[bytes | None, int, int | None]:
+    has_value, key_group, expires = _HEADER.unpack_from(data)
+    value = bytes(data[_HEADER.size:]) if has_value else None
+    return value, key_group, None if expires < 0 else expires
+
+
+class LocalTier:
+    """RocksDB at `path` (created empty; any previous content is deleted)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db = Rdict(str(self.path), options)
+
+    @staticmethod
+    def _key(state_id: int, ukey: bytes) -> bytes:
+        return state_id.to_bytes(4, "big") + ukey
+
+    def get(self, state_id: int, ukey: bytes) -> tuple[bytes | None, int, int | None] | None:
+        data = self._db.get(self._key(state_id, ukey))
+        return None if data is None else unpack(data)
+
+    def put(self, state_id: int, ukey: bytes, value: bytes | None, key_group: int,
+            expires_at_ms: int | None) -> None:
+        self._db[self._key(state_id, ukey)] = pack(value, key_group, expires_at_ms)
+
+    def delete(self, state_id: int, ukey: bytes) -> None:
+        del self._db[self._key(state_id, ukey)]
+
+    def iter_prefix(self, state_id: int, prefix: bytes
+                    ) -> Iterator[tuple[bytes, bytes | None, int, int | None]]:
+        """(ukey, value, key_group, expires_at_ms) of every entry whose ukey starts with
+        `prefix`, in byte order, as of the moment the iteration starts."""
+        start = self._key(state_id, prefix)
+        it = self._db.iter(ReadOptions(raw_mode=True))
+        it.seek(start)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(start):
+                break
+            value, key_group, expires = unpack(it.value())
+            yield key[4:], value, key_group, expires
+            it.next()
+
+    def clear(self) -> None:
+        """Drop every entry (restore and truncate start from an empty tier 2)."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.__init__(str(self.path))  # type: ignore[misc]
+
+    def close(self) -> None:
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
+            self._db = None
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
