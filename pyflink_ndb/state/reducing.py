@@ -23,7 +23,8 @@ class TieredReducingState(TieredState, ReducingState):
     def __init__(self, backend: Any, descriptor: Any) -> None:
         super().__init__(backend, descriptor)
         fn = descriptor.get_reduce_function()
-        self._reduce = fn.reduce if isinstance(fn, ReduceFunction) else fn
+        self._reduce = fn.reduce if isinstance(fn, ReduceFunction) or hasattr(fn, "reduce") \
+            else fn
 
     def get(self) -> Any:
         key_bytes, key_group = self._backend.require_key()

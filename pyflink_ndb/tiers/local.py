@@ -61,7 +61,7 @@ class LocalTier:
         """(ukey, value, key_group, expires_at_ms) of every entry whose ukey starts with
         `prefix`, in byte order, as of the moment the iteration starts."""
         start = self._key(state_id, prefix)
-        it = self._db.iter(ReadOptions(raw_mode=True))
+        it = self._db.iter(ReadOptions())
         it.seek(start)
         while it.valid():
             key = it.key()

@@ -189,7 +189,7 @@ class TieredTable:
         value). `json_of(state_id, value)` renders the JSON column."""
         rows = []
         for eid in sorted(self._dirty):
-            entry = self._cache.peek(eid) if eid in self._cache else None
+            entry = self._cache.get(eid)
             if entry is None:
                 entry = self._lower(eid)
             if entry is None:

@@ -1,0 +1,97 @@
+"""Test helpers shipped with the package: run tiered state without Flink.
+
+:class:`LocalSubtask` builds a subtask backend as the bridge would, with key groups
+computed in Python (CRC32, not Flink's hashing: fine for tests of the logic above the
+bridge), a controllable clock and a runtime context whose `get_*_state` calls return
+tiered states. Crash = drop the object without `snapshot`; restore = a new
+`LocalSubtask` with `restored_checkpoint_id`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyflink_ndb.api.context import TieredRuntimeContext
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.runtime.backend import BindInfo, SubtaskStateBackend
+from pyflink_ndb.stores.base import StateStore
+
+
+@dataclass
+class ManualClock:
+    """A processing-time clock (ms) that only moves when told."""
+
+    now_ms: int = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+@dataclass
+class _CrcKeyGroups:
+    max_parallelism: int
+    backend: Any = field(default=None)
+
+    def currentKeyGroup(self) -> int:  # noqa: N802 (the Java method name)
+        return zlib.crc32(self.backend.current_key_bytes) % self.max_parallelism
+
+
+class LocalSubtask:
+    """One subtask's tiered state outside Flink.
+
+    :param store: an opened store (kept open when the subtask closes: tests reuse it).
+    :param options: options; `url` is ignored since `store` is given.
+    :param operator: operator name (states are registered under it).
+    :param restored_checkpoint_id: restore from this checkpoint (None: fresh start).
+    :param restored_epoch_offset: the epoch offset of the restored checkpoint.
+    :param checkpointing_enabled: False makes `finish()` commit a final epoch.
+    """
+
+    def __init__(self, store: StateStore, options: NdbStateOptions | None = None, *,
+                 operator: str = "op", subtask_index: int = 0, max_parallelism: int = 128,
+                 key_group_start: int = 0, key_group_end: int | None = None,
+                 restored_checkpoint_id: int | None = None,
+                 restored_epoch_offset: int | None = None,
+                 checkpointing_enabled: bool = True, clock: ManualClock | None = None,
+                 local_dir: str | None = None) -> None:
+        self.clock = clock or ManualClock()
+        oracle = _CrcKeyGroups(max_parallelism)
+        info = BindInfo(
+            operator=operator, subtask_index=subtask_index, max_parallelism=max_parallelism,
+            key_group_start=key_group_start,
+            key_group_end=max_parallelism - 1 if key_group_end is None else key_group_end,
+            restored_checkpoint_id=restored_checkpoint_id,
+            restored_epoch_offset=restored_epoch_offset,
+            checkpointing_enabled=checkpointing_enabled, local_dir=local_dir)
+        self.backend = SubtaskStateBackend(options or NdbStateOptions(), info, oracle,
+                                           store=store, clock_ms=self.clock)
+        oracle.backend = self.backend
+        self.context = TieredRuntimeContext(_NoRuntimeContext(), self.backend)
+
+    def key(self, key: Any) -> LocalSubtask:
+        """Make `key` the current key (as Flink does before each record)."""
+        self.backend.set_current_key(key)
+        return self
+
+    def checkpoint(self, checkpoint_id: int, complete: bool = True) -> None:
+        """Snapshot, then (when `complete`) notify completion."""
+        self.backend.snapshot(checkpoint_id)
+        if complete:
+            self.backend.notify_checkpoint_complete(checkpoint_id)
+
+    def crash(self) -> None:
+        """Lose tiers 1-2 without any flush (the store stays open for the next attempt)."""
+        self.backend.table.close()
+
+    def close(self) -> None:
+        self.backend.table.close()
+
+
+class _NoRuntimeContext:
+    def __getattr__(self, name: str) -> Any:
+        raise NotImplementedError(f"{name} is not available outside Flink")
