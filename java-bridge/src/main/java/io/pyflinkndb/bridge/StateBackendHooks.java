@@ -219,7 +219,7 @@ final class StateBackendHooks {
         String[] tmpDirs = tm.getTmpDirectories();
 
         Map<String, Object> m = new LinkedHashMap<>();
-        m.put("options_json", stateOptionsJson);
+        m.put("options", stateOptionsJson);
         m.put("cluster_options", prefixed(tm.getConfiguration()));
         m.put("job_options", prefixed(operator.getConfiguration()));
         m.put("operator_id", operator.getOperatorID().toString());
