@@ -155,6 +155,9 @@ class EpochProtocol:
         for row in rows:
             self.ledger.record((row.key_group, row.state_id, row.ukey), epoch, row.tombstone)
         self.table.mark_clean()
+        if is_savepoint:
+            # Pin now: Flink notifies completion of a savepoint only on stop-with-savepoint.
+            self.store.commit_epoch(self.scope.operator, epoch, is_savepoint=True)
         self._pending[epoch] = is_savepoint
         self.last_snapshot_rows = len(rows)
         self.snapshots += 1
@@ -163,10 +166,9 @@ class EpochProtocol:
     def complete(self, checkpoint_id: int) -> None:
         """Commit marker for the checkpoint, then garbage collection."""
         epoch = self.epoch_of(checkpoint_id)
-        is_savepoint = self._pending.pop(epoch, False)
-        for older in [e for e in self._pending if e < epoch]:
-            self._pending.pop(older)  # subsumed: the completed epoch covers them
-        self.store.commit_epoch(self.scope.operator, epoch, is_savepoint)
+        for done in [e for e in self._pending if e <= epoch]:
+            self._pending.pop(done)  # older ones are subsumed by the completed epoch
+        self.store.commit_epoch(self.scope.operator, epoch)
         self.completed += 1
         self.collect_garbage()
 
@@ -190,7 +192,7 @@ class EpochProtocol:
         checkpoints = [e for e, sp in markers if not sp]
         savepoints = [e for e, sp in markers if sp]
         retained = self.options.checkpoints_retained or 1
-        latest = max((e for e, _ in markers), default=-1)
+        latest = max(checkpoints, default=-1)
         return sorted(set(checkpoints[-retained:] + savepoints)), latest
 
     def collect_garbage(self) -> int:

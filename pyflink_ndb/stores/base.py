@@ -368,7 +368,10 @@ class StateStore(ABC):
 
     # -- epochs ---------------------------------------------------------------------------
     def commit_epoch(self, operator: str, epoch: int, is_savepoint: bool = False) -> None:
-        """Write the commit marker of a completed checkpoint (idempotent)."""
+        """Write a marker (idempotent): with `is_savepoint` False the commit marker of a
+        completed checkpoint; with True the pin of a savepoint's epoch (written when the
+        savepoint is taken: Flink sends no completion for most savepoints), which garbage
+        collection keeps until it is released."""
         self._execute(
             f"{self._insert_ignore()} INTO {self.t_epochs} (operator, epoch, is_savepoint, "
             "committed_at_ms) VALUES (?, ?, ?, ?)",
@@ -376,15 +379,23 @@ class StateStore(ABC):
         self._commit()
 
     def committed_epochs(self, operator: str) -> list[tuple[int, bool]]:
-        """(epoch, is_savepoint) of every commit marker of `operator`, oldest first."""
+        """(epoch, is_savepoint) of every marker of `operator`, oldest first."""
         return [(int(e), bool(s)) for e, s in self._query(
             f"SELECT epoch, is_savepoint FROM {self.t_epochs} WHERE operator = ? "
-            "ORDER BY epoch", (operator,))]
+            "ORDER BY epoch, is_savepoint", (operator,))]
 
     def latest_committed_epoch(self, operator: str) -> int | None:
-        rows = self._query(f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ?",
-                           (operator,))
+        """The newest completed checkpoint's epoch (savepoint pins do not count)."""
+        rows = self._query(f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ? "
+                           "AND is_savepoint = 0", (operator,))
         return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def release_savepoint(self, operator: str, epoch: int) -> int:
+        """Remove a savepoint pin so that garbage collection may reclaim its versions."""
+        cur = self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch = ? "
+                            "AND is_savepoint = 1", (operator, epoch))
+        self._commit()
+        return max(cur.rowcount, 0)
 
     def delete_commit_markers(self, operator: str, after_epoch: int = -1) -> None:
         """Remove commit markers of `operator` newer than `after_epoch` (all by default)."""
@@ -475,7 +486,8 @@ class StateStore(ABC):
             "c.state_id = s.state_id WHERE s.chunk = 0 AND s.tombstone = 0 AND s.epoch = ("
             f"SELECT MAX(t.epoch) FROM {self.t_state} t WHERE t.key_group = s.key_group AND "
             "t.state_id = s.state_id AND t.ukey = s.ukey AND t.chunk = 0 AND t.epoch <= ("
-            f"SELECT MAX(e.epoch) FROM {self.t_epochs} e WHERE e.operator = c.operator))")
+            f"SELECT MAX(e.epoch) FROM {self.t_epochs} e WHERE e.operator = c.operator "
+            "AND e.is_savepoint = 0))")
 
     def query_committed(self, operator: str | None = None,
                         state_name: str | None = None) -> list[dict[str, Any]]:

@@ -109,7 +109,7 @@ class MysqlStateStore(StateStore):
             f"CREATE TABLE IF NOT EXISTS {self.t_epochs} ("
             "operator VARCHAR(255) NOT NULL, epoch BIGINT NOT NULL, "
             "is_savepoint TINYINT NOT NULL, committed_at_ms BIGINT NOT NULL, "
-            f"PRIMARY KEY (operator, epoch)) {engine} DEFAULT CHARSET=utf8mb4",
+            f"PRIMARY KEY (operator, epoch, is_savepoint)) {engine} DEFAULT CHARSET=utf8mb4",
             f"CREATE TABLE IF NOT EXISTS {self.t_catalog} ("
             "state_id INT NOT NULL PRIMARY KEY, operator VARCHAR(255) NOT NULL, "
             "state_name VARCHAR(255) NOT NULL, state_kind VARCHAR(32) NOT NULL, "

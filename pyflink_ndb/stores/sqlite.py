@@ -57,7 +57,7 @@ class SqliteStateStore(StateStore):
             "(expires_at_ms)",
             f"CREATE TABLE IF NOT EXISTS {self.t_epochs} ("
             "operator TEXT NOT NULL, epoch INTEGER NOT NULL, is_savepoint INTEGER NOT NULL, "
-            "committed_at_ms INTEGER NOT NULL, PRIMARY KEY (operator, epoch))",
+            "committed_at_ms INTEGER NOT NULL, PRIMARY KEY (operator, epoch, is_savepoint))",
             f"CREATE TABLE IF NOT EXISTS {self.t_catalog} ("
             "state_id INTEGER NOT NULL PRIMARY KEY, operator TEXT NOT NULL, "
             "state_name TEXT NOT NULL, state_kind TEXT NOT NULL, serializer TEXT NOT NULL, "

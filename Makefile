@@ -1,0 +1,48 @@
+# pyflink-ndb: `make demo` runs the main job, `make test` runs the tests.
+# Both create the virtualenv, install the package and build the bridge jar when missing.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+JAR := pyflink_ndb/jars/pyflink-ndb-bridge.jar
+JAVA_SOURCES := $(wildcard java-bridge/src/main/java/io/pyflinkndb/bridge/*.java)
+URL ?= sqlite:///var/flight-delays.sqlite
+PYTEST_ARGS ?=
+export PYFLINK_NDB_TEST_MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
+# Thread mode wants the virtualenv's interpreter first on PATH (see README, "Thread mode").
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: venv jar db demo test lint bench cluster-up cluster-down clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+jar: $(JAR)
+
+$(JAR): $(VENV)/.installed $(JAVA_SOURCES) java-bridge/build.sh
+	bash java-bridge/build.sh $(PY) $(JAR)
+
+db:
+	bash scripts/ensure-mysql.sh "$(PYFLINK_NDB_TEST_MYSQL_URL)"
+
+demo: venv jar
+	$(PY) jobs/flight_delays.py --url "$(URL)"
+
+test: venv jar db
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check pyflink_ndb tests jobs
+	$(VENV)/bin/mypy pyflink_ndb
+
+bench: venv jar db
+	$(PY) -m bench.run
+
+clean:
+	rm -rf build var $(JAR) .pytest_cache .mypy_cache .ruff_cache

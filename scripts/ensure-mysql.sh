@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Make sure a MySQL-protocol server answers at the URL given (default 127.0.0.1:3306).
+# 1. it answers: done;  2. we are root: install/start MariaDB from Debian's packages on
+# loopback;  3. otherwise: say what is missing and fail.
+set -euo pipefail
+url="${1:-mysql://root@127.0.0.1:3306/test}"
+hostport="${url#*@}"; hostport="${hostport%%/*}"
+host="${hostport%%:*}"; port="${hostport##*:}"; [ "$port" = "$host" ] && port=3306
+db="${url##*/}"
+
+answers() { timeout 3 bash -c "exec 3<>/dev/tcp/$host/$port" 2>/dev/null; }
+
+if answers; then
+  echo "MySQL-protocol server answers at $host:$port"
+else
+  case "$host" in 127.0.0.1|localhost) ;; *)
+    echo "error: nothing answers at $host:$port; start the database there or set PYFLINK_NDB_TEST_MYSQL_URL" >&2; exit 1;;
+  esac
+  if [ "$(id -u)" != 0 ]; then
+    echo "error: no MySQL-protocol server on $host:$port and not root to install one. Start MariaDB/MySQL there (user root, empty password, database $db) or set PYFLINK_NDB_TEST_MYSQL_URL." >&2
+    exit 1
+  fi
+  if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
+    echo "installing mariadb-server from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server >/dev/null
+  fi
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- \
+    --user=mysql --bind-address=127.0.0.1 --port="$port"
+  for _ in $(seq 1 60); do answers && break; sleep 1; done
+  answers || { echo "error: MariaDB did not start on $host:$port" >&2; exit 1; }
+  echo "started MariaDB on $host:$port"
+fi
+# The test database and password-less root over TCP, as the tests expect.
+if command -v mariadb >/dev/null && [ "$(id -u)" = 0 ]; then
+  mariadb -uroot -e "CREATE DATABASE IF NOT EXISTS \`$db\`" 2>/dev/null || true
+fi

@@ -1,0 +1,120 @@
+"""Shared fixtures: stores (SQLite and the MySQL-protocol server), tier option sets.
+
+The MySQL-protocol server comes from `PYFLINK_NDB_TEST_MYSQL_URL` (default
+`mysql://root@127.0.0.1:3306/test`). Tests never skip for a missing database: when it
+cannot be reached, every test that needs it fails with a message that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.stores import StateStore, open_store
+from pyflink_ndb.stores.mysql import parse_mysql_url
+
+DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
+
+#: Option sets of the tiers: every entry crosses RocksDB and the store (cache of 1), the
+#: same without RocksDB (tier 1 straight onto the store), and a cache holding everything.
+TIER_OPTIONS: dict[str, NdbStateOptions] = {
+    "cache1-local": NdbStateOptions(cache_max_entries=1, local_enabled=True),
+    "cache1-nolocal": NdbStateOptions(cache_max_entries=1, local_enabled=False),
+    "cache10k": NdbStateOptions(cache_max_entries=10_000),
+}
+
+STORE_KINDS = [pytest.param("sqlite", id="sqlite"),
+               pytest.param("mysql", id="mysql", marks=pytest.mark.mysql)]
+
+
+def unique_namespace(prefix: str = "t") -> str:
+    """A fresh table prefix (valid namespace: [a-z][a-z0-9_]{0,39})."""
+    return f"{prefix}_{uuid.uuid4().hex[:16]}"
+
+
+def mysql_connect(url: str) -> pymysql.connections.Connection:
+    """A plain pymysql connection to the test server, or a test failure that says why."""
+    args = parse_mysql_url(url)
+    try:
+        return pymysql.connect(host=args["host"], port=args["port"], user=args["user"],
+                               password=args["password"] or "", database=args["database"],
+                               charset="utf8mb4", autocommit=True, connect_timeout=5)
+    except pymysql.err.MySQLError as err:
+        pytest.fail(
+            f"The MySQL-protocol test database at {url} is unreachable ({err}). Start "
+            "MariaDB/MySQL there or point PYFLINK_NDB_TEST_MYSQL_URL at a reachable server; "
+            "these tests do not skip.", pytrace=False)
+
+
+def drop_namespace(url: str, namespace: str) -> None:
+    conn = mysql_connect(url)
+    try:
+        with conn.cursor() as cur:
+            for suffix in ("state", "epochs", "catalog"):
+                cur.execute(f"DROP TABLE IF EXISTS {namespace}_{suffix}")
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    """URL of the MySQL-protocol test server; fails (never skips) when it is unreachable."""
+    url = os.environ.get("PYFLINK_NDB_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
+    mysql_connect(url).close()
+    return url
+
+
+@pytest.fixture
+def store_factory(request: pytest.FixtureRequest, tmp_path: Path
+                  ) -> Iterator[Callable[[str], StateStore]]:
+    """`make(kind)` opens a store of `kind` ("sqlite" or "mysql") on a fresh namespace;
+    every store is closed and MySQL tables are dropped at teardown."""
+    opened: list[tuple[str, StateStore]] = []
+
+    def make(kind: str, namespace: str | None = None) -> StateStore:
+        ns = namespace or unique_namespace()
+        if kind == "sqlite":
+            url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+        elif kind == "mysql":
+            url = request.getfixturevalue("mysql_url")
+        else:
+            raise AssertionError(f"unknown store kind {kind!r}")
+        store = open_store(NdbStateOptions(url=url, namespace=ns))
+        opened.append((url, store))
+        return store
+
+    yield make
+    for url, store in opened:
+        store.close()
+        if url.startswith("mysql://"):
+            drop_namespace(url, store.namespace)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(store_kind: str, store_factory: Callable[[str], StateStore]) -> StateStore:
+    """An opened store on a fresh namespace: SQLite in tmp_path, or the MySQL server."""
+    return store_factory(store_kind)
+
+
+@pytest.fixture(params=list(TIER_OPTIONS), ids=list(TIER_OPTIONS))
+def tiers(request: pytest.FixtureRequest) -> NdbStateOptions:
+    """Options of one tier configuration (cache of 1 with/without RocksDB, large cache)."""
+    return TIER_OPTIONS[request.param]
+
+
+@pytest.fixture
+def local_dir(tmp_path: Path) -> str:
+    path = tmp_path / "local"
+    path.mkdir(exist_ok=True)
+    return str(path)
