@@ -246,7 +246,8 @@ class StateStore(ABC):
             return None if first is None else bytes(first)
         rows = self._query(
             f"SELECT chunk, vbytes FROM {self.t_state} WHERE key_group = ? AND state_id = ? "
-            "AND ukey = ? AND epoch = ? ORDER BY chunk", (key_group, state_id, ukey, epoch))
+            "AND ukey = ? AND epoch = ? AND chunk < ? ORDER BY chunk",
+            (key_group, state_id, ukey, epoch, chunks))
         parts = [bytes(v) for c, v in rows]
         if len(parts) != chunks:
             raise StateCompatibilityError(
