@@ -142,6 +142,12 @@ class NdbStateOptions:
         """JSON of the options as `state.backend.ndb.*` keys (only those that differ)."""
         return json.dumps(to_flink_keys(self), sort_keys=True)
 
+    def __repr__(self) -> str:
+        # The URL may carry a password too (mysql://user:password@host/db).
+        shown = (f"{f.name}={redact_url(self.url) if f.name == 'url' else getattr(self, f.name)!r}"
+                 for f in dataclasses.fields(self) if f.repr)
+        return f"{type(self).__name__}({', '.join(shown)})"
+
     def replace(self, **changes: Any) -> NdbStateOptions:
         return dataclasses.replace(self, **changes)
 
