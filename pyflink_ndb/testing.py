@@ -9,8 +9,10 @@ tiered states. Crash = drop the object without `snapshot`; restore = a new
 
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyflink_ndb.api.context import TieredRuntimeContext
@@ -90,6 +92,56 @@ class LocalSubtask:
 
     def close(self) -> None:
         self.backend.table.close()
+
+
+class InjectedFailure(RuntimeError):
+    """The failure :class:`FailOnceAfterCheckpoint` raises on purpose."""
+
+
+class FailOnceAfterCheckpoint:
+    """Wraps a `KeyedProcessFunction` so that its first attempt fails mid-stream.
+
+    On attempt 0 of subtask `subtask`, the first record after at least one checkpoint
+    completed and at least `min_records` records were processed raises
+    :class:`InjectedFailure` and writes `marker` (so a test can assert the failure
+    happened). Until the first checkpoint completes, each record waits `throttle_ms` so
+    that a checkpoint can complete mid-stream. Later attempts run unchanged.
+    """
+
+    def __new__(cls, function: Any, marker: str, min_records: int = 1000, subtask: int = 0,
+                throttle_ms: float = 1.0) -> Any:
+        from pyflink.datastream import KeyedProcessFunction
+
+        class _FailOnce(KeyedProcessFunction):
+            def __init__(self) -> None:
+                self.function = function
+                self.seen = 0
+
+            def open(self, runtime_context: Any) -> None:
+                self.backend = runtime_context.backend
+                self.armed = (runtime_context.get_attempt_number() == 0
+                              and runtime_context.get_index_of_this_subtask() == subtask)
+                self.function.open(runtime_context)
+
+            def close(self) -> None:
+                self.function.close()
+
+            def process_element(self, value: Any, ctx: Any) -> Any:
+                if self.armed:
+                    self.seen += 1
+                    if self.backend.protocol.completed == 0:
+                        time.sleep(throttle_ms / 1000)
+                    elif self.seen >= min_records:
+                        Path(marker).write_text(
+                            f"failed after {self.seen} records, "
+                            f"{self.backend.protocol.completed} checkpoints\n")
+                        raise InjectedFailure("injected failure (pyflink_ndb.testing)")
+                return self.function.process_element(value, ctx)
+
+            def on_timer(self, timestamp: int, ctx: Any) -> Any:
+                return self.function.on_timer(timestamp, ctx)
+
+        return _FailOnce()
 
 
 class _NoRuntimeContext:
