@@ -1,0 +1,79 @@
+"""Bad input at job build time gets a clear error that names the fix."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from pyflink.common import Configuration, Types
+from pyflink.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+
+import pyflink_ndb
+from pyflink_ndb.api import stream as api_stream
+from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError
+
+pytestmark = pytest.mark.flink
+
+
+class Noop(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        yield value
+
+
+def keyed(mode: str = "thread"):
+    config = Configuration()
+    config.set_string("python.execution-mode", mode)
+    config.set_string("python.executable", sys.executable)
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    return env.from_collection([1, 2, 3], Types.INT()).key_by(lambda x: x, Types.INT())
+
+
+def test_process_mode_is_rejected_naming_the_setting(tmp_path):
+    with pytest.raises(ConfigurationError, match="python.execution-mode: thread"):
+        pyflink_ndb.process(keyed("process"), Noop(), options={
+            "state.backend.ndb.url": f"sqlite:///{tmp_path}/s.sqlite"})
+
+
+def test_unknown_option_lists_known_ones(tmp_path):
+    with pytest.raises(ConfigurationError) as err:
+        pyflink_ndb.process(keyed(), Noop(), options={
+            "state.backend.ndb.url": f"sqlite:///{tmp_path}/s.sqlite",
+            "state.backend.ndb.cache.size": "10"})
+    assert "state.backend.ndb.cache.size" in str(err.value)
+    assert "state.backend.ndb.cache.max-entries" in str(err.value)
+
+
+def test_unreachable_database_names_host_port_and_setting():
+    with pytest.raises(StoreUnavailableError) as err:
+        pyflink_ndb.process(keyed(), Noop(), options={
+            "state.backend.ndb.url": "mysql://root@127.0.0.1:1/test"})
+    assert "127.0.0.1:1" in str(err.value)
+    assert "state.backend.ndb.url" in str(err.value)
+
+
+def test_missing_bridge_jar_says_how_to_build(tmp_path, monkeypatch):
+    monkeypatch.setattr(api_stream, "BRIDGE_JAR", tmp_path / "absent.jar")
+    with pytest.raises(ConfigurationError, match="make jar"):
+        pyflink_ndb.process(keyed(), Noop(), options={
+            "state.backend.ndb.url": f"sqlite:///{tmp_path}/s.sqlite"})
+
+
+def test_fresh_start_on_used_namespace_fails_with_what_to_do(tmp_path):
+    from pyflink_ndb.config import NdbStateOptions
+    from pyflink_ndb.errors import NamespaceInUseError
+    from pyflink_ndb.stores.factory import open_store
+    from pyflink_ndb.testing import LocalSubtask
+
+    store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/s.sqlite", namespace="ns"))
+    first = LocalSubtask(store, local_dir=str(tmp_path / "a"))
+    from pyflink.datastream.state import ValueStateDescriptor
+
+    first.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    first.key("k").context.get_state(ValueStateDescriptor("v", Types.INT())).update(1)
+    first.checkpoint(1)
+    first.close()
+    with pytest.raises(NamespaceInUseError) as err:
+        LocalSubtask(store, local_dir=str(tmp_path / "b"))
+    message = str(err.value)
+    assert "on-fresh-start" in message and "resume" in message and "truncate" in message
+    store.close()
