@@ -145,12 +145,12 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     from pyflink_ndb.stores.factory import open_store
 
     resolved = from_flink_keys(options)
-    store = open_store(resolved.replace(url=resolve_sqlite_url(resolved.url)))
+    resolved = resolved.replace(url=resolve_sqlite_url(resolved.url))
+    store = open_store(resolved)
     try:
         epochs = store.committed_epochs(OPERATOR_UID)
         rows = store.count_rows()
         where = store.describe()
-        sql = store.committed_view_sql()
     finally:
         store.close()
     net_ms = result.get_net_runtime()
@@ -164,7 +164,8 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     click.echo(f"busiest:        {busiest[0]}: {busiest[1][0]} flights, "
                f"{busiest[1][1]} min total delay, max {busiest[1][2]} min, last to "
                f"{busiest[1][3]}")
-    click.echo("query:          " + sql + f" -- then filter state_name = '{STATE_NAME}'")
+    click.echo(f"query:          pyflink-ndb query --url '{resolved.url}' --namespace "
+               f"{namespace} --state {STATE_NAME}   (add --sql for the SQL itself)")
 
 
 if __name__ == "__main__":
