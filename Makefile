@@ -12,7 +12,7 @@ export PYFLINK_NDB_TEST_MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 # Thread mode wants the virtualenv's interpreter first on PATH (see README, "Thread mode").
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv jar db demo test lint bench cluster-up cluster-down clean
+.PHONY: venv jar db demo test lint clean
 
 venv: $(VENV)/.installed
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
 jar: $(JAR)
@@ -40,9 +40,6 @@ test: venv jar db
 lint: venv
 	$(VENV)/bin/ruff check pyflink_ndb tests jobs
 	$(VENV)/bin/mypy pyflink_ndb
-
-bench: venv jar db
-	$(PY) -m bench.run
 
 clean:
 	rm -rf build var $(JAR) .pytest_cache .mypy_cache .ruff_cache
