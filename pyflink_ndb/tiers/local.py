@@ -81,7 +81,7 @@ class LocalTier:
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
-            self._db = None
+            self._db = None  # type: ignore[assignment]
 
     def destroy(self) -> None:
         self.close()

@@ -212,7 +212,7 @@ class TieredTable:
     def clear(self) -> None:
         """Forget everything in tiers 1-2 (restore, truncate); the dirty set too."""
         # A fresh LRU: clearing the old one would evict (write back) every entry.
-        self._cache = WriteBackLRU(self._cache.maxsize, self._evicted)
+        self._cache = WriteBackLRU(int(self._cache.maxsize), self._evicted)
         self._index.clear()
         self._spill.clear()
         self._dirty.clear()
@@ -220,6 +220,6 @@ class TieredTable:
             self.local.clear()
 
     def close(self) -> None:
-        self._cache = WriteBackLRU(self._cache.maxsize, self._evicted)
+        self._cache = WriteBackLRU(int(self._cache.maxsize), self._evicted)
         if self.local is not None:
             self.local.destroy()
