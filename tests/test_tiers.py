@@ -1,0 +1,67 @@
+"""Tier 1 (LRU with write-back), tier 2 (RocksDB) and the tiered table on a real store."""
+
+from __future__ import annotations
+
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.stores.base import WriteRow
+from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.tiers.cache import WriteBackLRU
+from pyflink_ndb.tiers.local import LocalTier
+from pyflink_ndb.tiers.table import TieredTable
+
+
+def test_lru_hands_evicted_entries_to_the_callback():
+    evicted = []
+    cache = WriteBackLRU(2, lambda k, v: evicted.append((k, v)))
+    cache["a"] = 1
+    cache["b"] = 2
+    assert cache["a"] == 1  # "a" becomes the most recently used
+    cache["c"] = 3
+    assert evicted == [("b", 2)]
+    assert set(cache) == {"a", "c"}
+
+
+def test_local_tier_round_trip_prefix_scan_and_empty_on_open(tmp_path):
+    path = str(tmp_path / "rocks")
+    local = LocalTier(path)
+    local.put(7, b"k1", b"v1", 3, None)
+    local.put(7, b"k2", None, 3, 99)
+    local.put(7, b"j", b"other", 4, None)
+    local.put(8, b"k3", b"other state", 5, None)
+    assert local.get(7, b"k1") == (b"v1", 3, None)
+    assert local.get(7, b"k2") == (None, 3, 99)
+    assert [u for u, *_ in local.iter_prefix(7, b"k")] == [b"k1", b"k2"]
+    local.close()
+    reopened = LocalTier(path)
+    assert reopened.get(7, b"k1") is None
+    reopened.destroy()
+
+
+def test_table_reads_through_tiers_and_tracks_dirty_entries(tmp_path):
+    store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/s.sqlite", namespace="t"))
+    store.write_epoch(1, [WriteRow(5, 1, b"stored", False, b"from-db", None, None)])
+    table = TieredTable(store, 1, LocalTier(str(tmp_path / "rocks")))
+    assert table.get(1, b"stored", 5).value == b"from-db"
+    assert table.store_reads == 1
+    table.put(1, b"new", 5, b"v")          # evicts "stored" into RocksDB
+    table.put(1, b"gone", 5, None)         # a tombstone, evicts "new" (still dirty)
+    assert table.get(1, b"stored", 5).value == b"from-db"
+    assert table.store_reads == 1, "tier 2 answered, the store was not asked again"
+    rows = {r.ukey: r for r in table.dirty_rows(lambda sid, v: None)}
+    assert set(rows) == {b"new", b"gone"}
+    assert rows[b"new"].value == b"v" and rows[b"gone"].tombstone
+    table.mark_clean()
+    assert table.dirty_count == 0
+    table.close()
+    store.close()
+
+
+def test_table_without_local_tier_keeps_evicted_dirty_entries(tmp_path):
+    store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/s.sqlite", namespace="t"))
+    table = TieredTable(store, 1, None)
+    table.put(1, b"a", 0, b"1")
+    table.put(1, b"b", 0, b"2")  # evicts the dirty "a": it must not be lost
+    assert table.get(1, b"a", 0).value == b"1"
+    assert {r.ukey for r in table.dirty_rows(lambda sid, v: None)} == {b"a", b"b"}
+    table.close()
+    store.close()
