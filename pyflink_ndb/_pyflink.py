@@ -57,3 +57,26 @@ def function_types() -> Any:
     from pyflink.fn_execution.flink_fn_execution_pb2 import UserDefinedDataStreamFunction
 
     return UserDefinedDataStreamFunction
+
+
+def hook_record_keys(operation: Any, set_key: Any) -> bool:
+    """Call `set_key(record[0])` before each record of a keyed function operation.
+
+    PyFlink's embedded keyed operations receive `(key, value)` rows and pass `value` to the
+    user function; reading the key here saves a call into Java per record. Returns False
+    (nothing changed) when the operation does not have the expected shape.
+    """
+    main = getattr(operation, "_main_operation", None)
+    names = [n for n in ("_process_element_func", "_process_element_func1",
+                         "_process_element_func2") if callable(getattr(main, n, None))]
+    if not names:
+        return False
+    for name in names:
+        original = getattr(main, name)
+
+        def hooked(value: Any, _original: Any = original) -> Any:
+            set_key(value[0])
+            return _original(value)
+
+        setattr(main, name, hooked)
+    return True

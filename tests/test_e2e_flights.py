@@ -55,7 +55,7 @@ def test_failure_mid_stream_then_exact_state(state_options, tmp_path: Path):
     env.execute("flight-delays-e2e")
 
     assert marker.exists(), "the injected failure did not happen"
-    assert "checkpoints" in marker.read_text()
+    assert "checkpoints, keys from records: True" in marker.read_text()
     expected = expected_from_pandas()
     actual = committed_aircraft(state_options)
     assert len(expected) == 4037

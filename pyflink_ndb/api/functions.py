@@ -31,7 +31,8 @@ class TieredKeyedProcessFunction(KeyedProcessFunction):
         self.function.close()
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:
-        self._backend.set_current_key(ctx.get_current_key())
+        if not self._backend.keys_from_records:
+            self._backend.set_current_key(ctx.get_current_key())
         return self.function.process_element(value, ctx)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Any:
@@ -54,11 +55,13 @@ class TieredKeyedCoProcessFunction(KeyedCoProcessFunction):
         self.function.close()
 
     def process_element1(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
-        self._backend.set_current_key(ctx.get_current_key())
+        if not self._backend.keys_from_records:
+            self._backend.set_current_key(ctx.get_current_key())
         return self.function.process_element1(value, ctx)
 
     def process_element2(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
-        self._backend.set_current_key(ctx.get_current_key())
+        if not self._backend.keys_from_records:
+            self._backend.set_current_key(ctx.get_current_key())
         return self.function.process_element2(value, ctx)
 
     def on_timer(self, timestamp: int, ctx: KeyedCoProcessFunction.OnTimerContext) -> Any:

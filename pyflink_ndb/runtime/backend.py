@@ -103,6 +103,8 @@ class SubtaskStateBackend:
         self.current_key: Any = None
         self.current_key_bytes: bytes | None = None
         self.current_key_group = -1
+        #: True once records set the current key themselves (see :meth:`attach_operation`).
+        self.keys_from_records = False
         self.protocol.restore(info.restored_checkpoint_id, info.restored_epoch_offset)
         if options.restore_mode == "eager":
             loaded = self.protocol.prefetch(self.store.state_ids(info.operator))
@@ -156,6 +158,12 @@ class SubtaskStateBackend:
         return self.current_key_bytes, self.current_key_group
 
     # -- hooks called by the Java bridge --------------------------------------------------
+    def attach_operation(self, operation: Any) -> None:
+        """Read each record's key from the record (no call into Java per record)."""
+        from pyflink_ndb._pyflink import hook_record_keys
+
+        self.keys_from_records = hook_record_keys(operation, self.set_current_key)
+
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> int:
         return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint))
 

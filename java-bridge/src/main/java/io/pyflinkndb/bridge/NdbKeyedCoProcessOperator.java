@@ -63,6 +63,7 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
     public void openPythonInterpreter() {
         hooks().bind(interpreter);
         super.openPythonInterpreter();
+        hooks().attachOperation(interpreter);
     }
 
     @Override

@@ -59,6 +59,7 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
     public void openPythonInterpreter() {
         hooks().bind(interpreter);
         super.openPythonInterpreter();
+        hooks().attachOperation(interpreter);
     }
 
     @Override

@@ -108,6 +108,17 @@ final class StateBackendHooks {
     }
 
     /**
+     * Lets the backend read each record's key from the record itself, so that a record whose
+     * state is cached needs no call into Java. Call AFTER {@code super.openPythonInterpreter()},
+     * which creates {@code operation}.
+     */
+    void attachOperation(PythonInterpreter interpreter) {
+        if (boundInterpreter != null) {
+            interpreter.exec(PY_BACKEND + ".attach_operation(operation)");
+        }
+    }
+
+    /**
      * Binds {@code ndb_backend} in the operator's interpreter. Call from {@code
      * openPythonInterpreter()} BEFORE {@code super.openPythonInterpreter()}, so that the user's
      * {@code open()} already finds the backend.
