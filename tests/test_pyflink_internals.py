@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from pyflink.common import Time, Types
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
-from pyflink.fn_execution.datastream.embedded.operations import (
-    OneInputOperation,
-    TwoInputOperation,
-)
 
 from pyflink_ndb import _pyflink
 
@@ -20,6 +19,37 @@ def test_ttl_config_of_reads_the_descriptor():
     assert _pyflink.ttl_config_of(descriptor) is config
 
 
+def _embedded_source(module: str) -> str:
+    # These modules import pemja's findClass, which exists only inside the TaskManager's
+    # embedded interpreter: read their source instead of importing them.
+    spec = importlib.util.find_spec("pyflink")
+    assert spec is not None and spec.origin is not None
+    return (Path(spec.origin).parent / module).read_text()
+
+
+def test_embedded_operations_have_the_hooked_attributes():
+    source = _embedded_source("fn_execution/datastream/embedded/operations.py")
+    for name in ("_process_element_func", "_process_element_func1", "_process_element_func2"):
+        assert f"self.{name}(value)" in source
+    assert "process_element(value[1], function_context)" in source
+    main = _embedded_source("fn_execution/embedded/operations.py")
+    assert "self._main_operation = operations[0]" in main
+
+
+class _OneInput:
+    def __init__(self):
+        self._process_element_func = lambda value: [value[1]]
+
+    def process_element(self, value):
+        return self._process_element_func(value)
+
+
+class _TwoInput:
+    def __init__(self):
+        self._process_element_func1 = lambda value: [value[1]]
+        self._process_element_func2 = lambda value: [value[1]]
+
+
 class _Operation:
     def __init__(self, main):
         self._main_operation = main
@@ -27,7 +57,7 @@ class _Operation:
 
 def test_record_keys_are_seen_before_one_input_records():
     seen_keys = []
-    main = OneInputOperation(lambda: None, lambda: None, lambda value: [value[1]])
+    main = _OneInput()
     assert _pyflink.hook_record_keys(_Operation(main), seen_keys.append)
     assert list(main.process_element(("k1", "v1"))) == ["v1"]
     assert seen_keys == ["k1"]
@@ -35,10 +65,10 @@ def test_record_keys_are_seen_before_one_input_records():
 
 def test_record_keys_are_seen_before_both_inputs():
     seen_keys = []
-    main = TwoInputOperation(lambda: None, lambda: None, lambda v: [v[1]], lambda v: [v[1]])
+    main = _TwoInput()
     assert _pyflink.hook_record_keys(_Operation(main), seen_keys.append)
-    main.process_element1(("a", 1))
-    main.process_element2(("b", 2))
+    main._process_element_func1(("a", 1))
+    main._process_element_func2(("b", 2))
     assert seen_keys == ["a", "b"]
 
 
