@@ -134,7 +134,8 @@ class FailOnceAfterCheckpoint:
                     elif self.seen >= min_records:
                         Path(marker).write_text(
                             f"failed after {self.seen} records, "
-                            f"{self.backend.protocol.completed} checkpoints\n")
+                            f"{self.backend.protocol.completed} checkpoints, keys from "
+                            f"records: {self.backend.keys_from_records}\n")
                         raise InjectedFailure("injected failure (pyflink_ndb.testing)")
                 return self.function.process_element(value, ctx)
 
