@@ -282,14 +282,19 @@ class StateStore(ABC):
         upper = prefix_upper_bound(prefix)
         sql = (f"SELECT s.ukey, s.epoch, s.tombstone, s.chunks, s.expires_at_ms, s.vbytes "
                f"FROM {self.t_state} s WHERE s.key_group = ? AND s.state_id = ? "
-               "AND s.chunk = 0 AND s.ukey >= ?")
-        params: list[Any] = [key_group, state_id, prefix]
+               "AND s.chunk = 0")
+        # One lower bound only: SQLite's planner seeks on the first of two and would re-read
+        # every earlier row of the prefix for each page (quadratic iteration).
+        params: list[Any] = [key_group, state_id]
+        if after is not None and after >= prefix:
+            sql += " AND s.ukey > ?"
+            params.append(after)
+        else:
+            sql += " AND s.ukey >= ?"
+            params.append(prefix)
         if upper is not None:
             sql += " AND s.ukey < ?"
             params.append(upper)
-        if after is not None:
-            sql += " AND s.ukey > ?"
-            params.append(after)
         sql += (f" AND s.epoch = (SELECT MAX(t.epoch) FROM {self.t_state} t WHERE "
                 "t.key_group = s.key_group AND t.state_id = s.state_id AND t.ukey = s.ukey "
                 "AND t.chunk = 0) ORDER BY s.ukey LIMIT ?")
