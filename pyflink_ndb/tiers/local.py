@@ -40,6 +40,7 @@ class LocalTier:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self._db = Rdict(str(self.path), options)
+        self._written = False
 
     @staticmethod
     def _key(state_id: int, ukey: bytes) -> bytes:
@@ -51,6 +52,7 @@ class LocalTier:
 
     def put(self, state_id: int, ukey: bytes, value: bytes | None, key_group: int,
             expires_at_ms: int | None) -> None:
+        self._written = True
         self._db[self._key(state_id, ukey)] = pack(value, key_group, expires_at_ms)
 
     def delete(self, state_id: int, ukey: bytes) -> None:
@@ -73,6 +75,8 @@ class LocalTier:
 
     def clear(self) -> None:
         """Drop every entry (restore and truncate start from an empty tier 2)."""
+        if not self._written:
+            return  # still empty: re-creating a RocksDB costs tens of milliseconds
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
         self.__init__(str(self.path))  # type: ignore[misc]
