@@ -8,6 +8,8 @@ cannot be reached, every test that needs it fails with a message that says so.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,8 +115,17 @@ def tiers(request: pytest.FixtureRequest) -> NdbStateOptions:
     return TIER_OPTIONS[request.param]
 
 
+def fast_tmpdir(prefix: str) -> str:
+    """A new temporary folder, in memory (/dev/shm) where available: creating and dropping
+    a RocksDB there takes milliseconds instead of tens of milliseconds."""
+    shm = Path("/dev/shm")
+    base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
 @pytest.fixture
-def local_dir(tmp_path: Path) -> str:
-    path = tmp_path / "local"
-    path.mkdir(exist_ok=True)
-    return str(path)
+def local_dir() -> Iterator[str]:
+    """Folder for the subtasks' RocksDB tier (removed afterwards)."""
+    path = fast_tmpdir("pyflink-ndb-local-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
