@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pyflink_ndb.checkpoint.gc import VersionLedger
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, NamespaceInUseError, ValueTooLargeError
-from pyflink_ndb.stores.base import StateStore, now_ms
+from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, now_ms
 from pyflink_ndb.tiers.table import TieredTable
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,8 @@ class EpochProtocol:
         """Write every dirty entry as epoch `offset + checkpoint_id`; durable on return.
 
         :returns: rows written.
-        :raises ValueTooLargeError: a value exceeds `value.max-bytes` (nothing written).
+        :raises ValueTooLargeError: a value exceeds `value.max-bytes` or an encoded key
+            exceeds the store's key limit (nothing written).
         :raises CheckpointError: the store failed; the checkpoint must fail.
         """
         epoch = self.epoch_of(checkpoint_id)
@@ -144,6 +145,12 @@ class EpochProtocol:
                     f"A value of {len(row.value)} bytes (state id {row.state_id}) exceeds "
                     f"state.backend.ndb.value.max-bytes={limit}; checkpoint {checkpoint_id} "
                     "wrote nothing. Store smaller values or raise the limit.")
+            if len(row.ukey) > MAX_UKEY_BYTES:
+                raise ValueTooLargeError(
+                    f"An encoded key of {len(row.ukey)} bytes (state id {row.state_id}) "
+                    f"exceeds the limit of {MAX_UKEY_BYTES} bytes (primary-key size of "
+                    f"InnoDB/NDB); checkpoint {checkpoint_id} wrote nothing. Use a shorter "
+                    "key.")
         try:
             self.store.write_epoch(epoch, rows)
         except ValueTooLargeError:
