@@ -103,6 +103,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     STORE_KIND: ClassVar[str] = "sqlite"
     MYSQL_URL: ClassVar[str] = ""
+    OPTIONS: ClassVar[NdbStateOptions] = NdbStateOptions(cache_max_entries=1,
+                                                         checkpoints_retained=RETAINED)
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +113,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         url = (f"sqlite:///{self.tmp}/state.sqlite" if self.STORE_KIND == "sqlite"
                else self.MYSQL_URL)
         self.store: StateStore = open_store(NdbStateOptions(url=url, namespace=self.namespace))
-        self.options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=RETAINED)
+        self.options = self.OPTIONS
         self.model = empty_model()
         self.snapshots: dict[int, dict[str, dict[Any, Any]]] = {}
         #: Completed checkpoints Flink still retains (newest last); a checkpoint that
@@ -328,3 +330,97 @@ def test_protocol_model_sqlite() -> None:
 @pytest.mark.mysql
 def test_protocol_model_mysql(mysql_url: str) -> None:
     run("mysql", mysql_url, max_examples=15, steps=50)
+
+
+# -- rescaling and eager restore ---------------------------------------------------------
+
+def key_group_ranges(parallelism: int, max_parallelism: int = 128) -> list[tuple[int, int]]:
+    """Flink's KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex."""
+    return [((i * max_parallelism + parallelism - 1) // parallelism,
+             ((i + 1) * max_parallelism - 1) // parallelism) for i in range(parallelism)]
+
+
+def key_group_of(key: Any, max_parallelism: int = 128) -> int:
+    import zlib
+
+    from pyflink_ndb.serialization import encode_key
+
+    return zlib.crc32(encode_key(key)) % max_parallelism  # as LocalSubtask computes it
+
+
+class Job:
+    """One operator at some parallelism: records go to the subtask owning their key."""
+
+    def __init__(self, store: StateStore, parallelism: int, local_dir: str,
+                 restored: int | None, options: NdbStateOptions) -> None:
+        self.subtasks = [
+            LocalSubtask(store, options, subtask_index=i, key_group_start=start,
+                         key_group_end=end, restored_checkpoint_id=restored,
+                         local_dir=local_dir)
+            for i, (start, end) in enumerate(key_group_ranges(parallelism))]
+        self.ranges = key_group_ranges(parallelism)
+        self.states = [declare(t) for t in self.subtasks]
+
+    def route(self, key: Any) -> dict[str, Any]:
+        kg = key_group_of(key)
+        index = next(i for i, (s, e) in enumerate(self.ranges) if s <= kg <= e)
+        self.subtasks[index].key(key)
+        return self.states[index]
+
+    def checkpoint(self, checkpoint_id: int, complete: bool = True) -> None:
+        for t in self.subtasks:
+            t.backend.snapshot(checkpoint_id)
+        if complete:
+            for t in self.subtasks:
+                t.backend.notify_checkpoint_complete(checkpoint_id)
+
+    def crash(self) -> None:
+        for t in self.subtasks:
+            t.crash()
+
+
+@pytest.mark.parametrize("restore_mode", ["lazy", "eager"])
+def test_rescale_2_to_3_to_1(store: StateStore, local_dir: str, restore_mode: str) -> None:
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=2,
+                              restore_mode=restore_mode)
+    keys = [f"k{i}" for i in range(60)]
+    assert len({key_group_of(k) for k in keys}) > 20
+    job = Job(store, 2, local_dir, None, options)
+    for i, key in enumerate(keys):
+        s = job.route(key)
+        s["value"].update(i)
+        s["map"].put("i", i)
+        s["list"].add(i)
+    job.checkpoint(1)
+    for i, key in enumerate(keys[::2]):
+        s = job.route(key)
+        s["value"].update(-i)
+        s["map"].clear()
+    job.checkpoint(2, complete=False)  # never completes: rolled back on restore
+    job.crash()
+
+    job = Job(store, 3, local_dir, 1, options)
+    for i, key in enumerate(keys):
+        s = job.route(key)
+        assert (s["value"].value(), dict(s["map"].items()), s["list"].get()) == \
+            (i, {"i": i}, [i]), key
+        s["reducing"].add(i)
+    job.checkpoint(3)
+    job.crash()
+
+    job = Job(store, 1, local_dir, 3, options)
+    for i, key in enumerate(keys):
+        s = job.route(key)
+        assert (s["value"].value(), s["reducing"].get(), s["list"].get()) == (i, i, [i])
+    for t in job.subtasks:
+        t.close()
+
+
+def test_protocol_model_sqlite_eager_restore() -> None:
+    machine = type("ProtocolMachine_eager", (ProtocolMachine,), {
+        "STORE_KIND": "sqlite",
+        "OPTIONS": NdbStateOptions(cache_max_entries=1, checkpoints_retained=RETAINED,
+                                   restore_mode="eager")})
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=25, stateful_step_count=40, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow]))
