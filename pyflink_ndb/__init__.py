@@ -4,6 +4,7 @@ Use :func:`process` / :func:`co_process` instead of `KeyedStream.process` /
 `ConnectedStreams.process`; the function and its state declarations stay unchanged.
 """
 
+from pyflink_ndb._environment import put_interpreter_first_on_path
 from pyflink_ndb.api.stream import co_process, process
 from pyflink_ndb.config import KNOWN_KEYS, NdbStateOptions
 from pyflink_ndb.errors import (
@@ -18,6 +19,8 @@ from pyflink_ndb.errors import (
 )
 
 __version__ = "0.1.0"
+
+put_interpreter_first_on_path()
 
 __all__ = [
     "KNOWN_KEYS",

@@ -77,3 +77,43 @@ def test_fresh_start_on_used_namespace_fails_with_what_to_do(tmp_path):
     message = str(err.value)
     assert "on-fresh-start" in message and "resume" in message and "truncate" in message
     store.close()
+
+
+def test_fresh_start_on_used_namespace_fails_when_the_job_is_built(tmp_path):
+    from pyflink.datastream.state import ValueStateDescriptor
+
+    from pyflink_ndb.config import NdbStateOptions
+    from pyflink_ndb.errors import NamespaceInUseError
+    from pyflink_ndb.stores.factory import open_store
+    from pyflink_ndb.testing import LocalSubtask
+
+    url = f"sqlite:///{tmp_path}/s.sqlite"
+    store = open_store(NdbStateOptions(url=url, namespace="used"))
+    earlier = LocalSubtask(store, operator="counter", local_dir=str(tmp_path / "a"))
+    earlier.key("k").context.get_state(ValueStateDescriptor("v", Types.INT())).update(1)
+    earlier.checkpoint(1)
+    earlier.close()
+    store.close()
+    options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": "used"}
+    with pytest.raises(NamespaceInUseError, match="on-fresh-start"):
+        pyflink_ndb.process(keyed(), Noop(), uid="counter", options=options)
+    # Restoring a savepoint, or another policy, is allowed.
+    pyflink_ndb.process(keyed(), Noop(), uid="counter",
+                        options={**options, "state.backend.ndb.on-fresh-start": "resume"})
+
+
+def test_unknown_database_and_host_are_named(mysql_url):
+    from pyflink_ndb.config import NdbStateOptions
+    from pyflink_ndb.stores.factory import open_store
+
+    base = mysql_url.rsplit("/", 1)[0]
+    with pytest.raises(StoreUnavailableError, match="no database 'nosuchdb_ndb'"):
+        open_store(NdbStateOptions(url=base + "/nosuchdb_ndb"))
+    with pytest.raises(StoreUnavailableError, match="Cannot resolve the database host"):
+        open_store(NdbStateOptions(url="mysql://root@no-such-host.invalid:3306/test"))
+
+
+def test_importing_pyflink_ndb_puts_the_interpreter_first_on_path():
+    import os
+
+    assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)

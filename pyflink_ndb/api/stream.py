@@ -22,6 +22,7 @@ from pyflink.datastream import (
 
 from pyflink_ndb import _pyflink
 from pyflink_ndb.api.functions import TieredKeyedCoProcessFunction, TieredKeyedProcessFunction
+from pyflink_ndb.checkpoint.protocol import check_fresh_start
 from pyflink_ndb.config import (
     PREFIX,
     NdbStateOptions,
@@ -77,11 +78,16 @@ def _prepare(stream: Any, function: Any, uid: str | None,
         # Restarted tasks need the same interpreter (see README, "Thread mode").
         j_conf.setString("python.executable", sys.executable)
     resolved = _job_options(j_conf, options)
+    operator = uid or f"{type(function).__module__}.{type(function).__qualname__}"
     if check_store:
-        open_store(resolved).close()
+        store = open_store(resolved)
+        try:
+            if not j_conf.containsKey("execution.savepoint.path"):
+                check_fresh_start(store, resolved, operator)
+        finally:
+            store.close()
     jar = bridge_jar()
     _pyflink.add_jar(stream, jar.as_uri())
-    operator = uid or f"{type(function).__module__}.{type(function).__qualname__}"
     keys = to_flink_keys(resolved)
     keys[PREFIX + "url"] = resolved.url
     keys[OPERATOR_KEY] = operator
@@ -114,12 +120,14 @@ def process(keyed_stream: KeyedStream, function: KeyedProcessFunction,
     :param name: display name of the operator (default "NDB KEYED PROCESS").
     :param options: `NdbStateOptions` or a dict of `state.backend.ndb.*` keys; they override
         the environment's configuration (flink-conf.yaml, `Configuration`).
-    :param check_store: open the store once now, so that a wrong URL or an unreachable
-        database fails when the job is built (default True).
+    :param check_store: open the store once now, so that a wrong URL, an unreachable
+        database or (without `execution.savepoint.path`) a fresh start on a namespace that
+        `on-fresh-start: fail` forbids fails when the job is built (default True).
     :returns: the output stream.
     :raises ConfigurationError: process mode, an unknown `state.backend.ndb.*` key, a bad
         value or a missing bridge jar.
     :raises StoreUnavailableError: `check_store` and the database cannot be reached.
+    :raises NamespaceInUseError: `check_store` and the fresh start is forbidden.
     """
     if not isinstance(keyed_stream, KeyedStream):
         raise TypeError("pyflink_ndb.process needs a KeyedStream: call key_by(...) first.")

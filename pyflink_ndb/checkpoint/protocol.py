@@ -33,6 +33,29 @@ class SubtaskScope:
     key_group_end: int
 
 
+def fresh_start_conflict(store: StateStore, options: NdbStateOptions, operator: str,
+                         committed: int) -> NamespaceInUseError:
+    """The error of a fresh start on a namespace with committed state (policy `fail`)."""
+    return NamespaceInUseError(
+        f"Namespace {options.namespace!r} in {store.describe()} already holds committed "
+        f"state of operator {operator!r} (latest epoch {committed}) and this job starts "
+        "without a checkpoint or savepoint. Restore the job from its checkpoint/savepoint "
+        "(execution.savepoint.path), or set state.backend.ndb.on-fresh-start to `resume` "
+        f"(continue from epoch {committed}) or `truncate` (delete it), or use another "
+        "state.backend.ndb.namespace.")
+
+
+def check_fresh_start(store: StateStore, options: NdbStateOptions, operator: str) -> None:
+    """Raise :class:`NamespaceInUseError` when a fresh start would fail (see `on-fresh-start`).
+
+    The client calls this when it builds a job without a savepoint to restore, so that the
+    error is seen at once instead of in every restart of every subtask.
+    """
+    committed = store.latest_committed_epoch(operator)
+    if committed is not None and options.on_fresh_start == "fail":
+        raise fresh_start_conflict(store, options, operator, committed)
+
+
 class EpochProtocol:
     """Snapshot, commit, abort, restore and garbage collection for one subtask."""
 
@@ -91,14 +114,7 @@ class EpochProtocol:
             return
         policy = self.options.on_fresh_start
         if policy == "fail":
-            raise NamespaceInUseError(
-                f"Namespace {self.options.namespace!r} in {self.store.describe()} already "
-                f"holds committed state of operator {s.operator!r} (latest epoch {committed}) "
-                "and this job starts without a checkpoint or savepoint. Restore the job from "
-                "its checkpoint/savepoint, or set state.backend.ndb.on-fresh-start to "
-                "`resume` (continue from epoch "
-                f"{committed}) or `truncate` (delete it), or use another "
-                "state.backend.ndb.namespace.")
+            raise fresh_start_conflict(self.store, self.options, s.operator, committed)
         if policy == "truncate":
             self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
             if s.subtask_index == 0:

@@ -8,6 +8,7 @@ mapped by error number (PEP 249 / pymysql), never by message text.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -21,6 +22,8 @@ from pyflink_ndb.stores.base import StateStore
 _UNREACHABLE = {2002, 2003, 2005, 2006, 2013, 2055}
 _ACCESS_DENIED = {1044, 1045, 1698}
 _PACKET_TOO_LARGE = {1153, 1301}
+_UNKNOWN_DATABASE = 1049
+_UNKNOWN_HOST = 2005
 
 
 def parse_mysql_url(url: str) -> dict[str, Any]:
@@ -70,6 +73,15 @@ class MysqlStateStore(StateStore):
         except pymysql.err.OperationalError as err:
             code = err.args[0] if err.args else None
             where = f"{a['host']}:{a['port']}"
+            if code == _UNKNOWN_DATABASE:
+                raise StoreUnavailableError(
+                    f"The server at {where} has no database {a['database']!r} (error {code}). "
+                    "Create it (CREATE DATABASE) or fix the database in "
+                    "state.backend.ndb.url.") from err
+            if code == _UNKNOWN_HOST or isinstance(err.__context__, socket.gaierror):
+                raise StoreUnavailableError(
+                    f"Cannot resolve the database host {a['host']!r} (error {code}). Fix the "
+                    "host in state.backend.ndb.url.") from err
             if code in _ACCESS_DENIED:
                 raise StoreUnavailableError(
                     f"The database at {where} refused user {a['user']!r} (error {code}). Fix "
