@@ -7,13 +7,24 @@ import json
 import click
 
 from pyflink_ndb.config import NdbStateOptions, resolve_sqlite_url
-from pyflink_ndb.serialization.keys import decode_key
+from pyflink_ndb.errors import NdbStateError
+from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.serialization.values import decode_value
+from pyflink_ndb.stores.base import StateStore
 from pyflink_ndb.stores.factory import open_store
 
 _url = click.option("--url", required=True, envvar="PYFLINK_NDB_URL",
                     help="state.backend.ndb.url, e.g. mysql://root@127.0.0.1:3306/test.")
 _namespace = click.option("--namespace", default="default", show_default=True)
+
+
+def _open(url: str, namespace: str) -> StateStore:
+    """Open an existing namespace read-only; a one-line error instead of a traceback."""
+    try:
+        return open_store(NdbStateOptions(url=resolve_sqlite_url(url), namespace=namespace),
+                          create=False)
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
 
 
 @click.group()
@@ -26,12 +37,13 @@ def main() -> None:
 @_namespace
 @click.option("--operator", default=None, help="Operator uid (default: all).")
 @click.option("--state", "state_name", default=None, help="State name (default: all).")
-@click.option("--limit", default=20, show_default=True, help="Rows to print (0: all).")
+@click.option("--limit", default=20, show_default=True,
+              help="Entries to print (0: all); the total goes to stderr.")
 @click.option("--sql", "show_sql", is_flag=True, help="Print the SQL instead of running it.")
 def query(url: str, namespace: str, operator: str | None, state_name: str | None,
           limit: int, show_sql: bool) -> None:
     """Print the committed state: one JSON line per entry (key, value, epoch)."""
-    store = open_store(NdbStateOptions(url=resolve_sqlite_url(url), namespace=namespace))
+    store = _open(url, namespace)
     try:
         if show_sql:
             click.echo(store.committed_view_sql())
@@ -40,9 +52,14 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
         for row in rows[:limit] if limit else rows:
             value = decode_value(row["vbytes"]) if row["vjson"] is None else json.loads(
                 row["vjson"])
-            click.echo(json.dumps({"operator": row["operator"], "state": row["state_name"],
-                                   "key": repr(decode_key(row["ukey"])), "value": value,
-                                   "epoch": row["epoch"]}, default=repr))
+            prefix, rest = split_key(row["ukey"])
+            key = (json.loads(row["kjson"]) if row["kjson"] is not None
+                   else repr(decode_key(prefix)))
+            entry = {"operator": row["operator"], "state": row["state_name"], "key": key}
+            if rest:
+                entry["entry"] = repr(decode_key(rest))
+            entry.update(value=value, epoch=row["epoch"])
+            click.echo(json.dumps(entry, default=repr))
         click.echo(f"-- {len(rows)} committed entries in {store.describe()}", err=True)
     finally:
         store.close()
@@ -55,7 +72,7 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
 @click.option("--epoch", type=int, required=True)
 def release_savepoint(url: str, namespace: str, operator: str, epoch: int) -> None:
     """Unpin a savepoint's epoch so garbage collection may reclaim its versions."""
-    store = open_store(NdbStateOptions(url=resolve_sqlite_url(url), namespace=namespace))
+    store = _open(url, namespace)
     try:
         removed = store.release_savepoint(operator, epoch)
         click.echo(f"released {removed} pin(s) of epoch {epoch} of {operator}")

@@ -471,3 +471,35 @@ def test_wrong_password_is_store_unavailable(mysql_url: str) -> None:
         open_store(NdbStateOptions(url=url, namespace=unique_namespace()))
     assert "pyflink_ndb_nobody" in str(info.value)
     assert ":wrong@" not in str(info.value)
+
+
+def test_committed_view_has_the_key_as_json(tmp_path):
+    from pyflink.common import Types
+    from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+
+    from pyflink_ndb.testing import LocalSubtask
+
+    store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/k.sqlite", namespace="k"))
+    subtask = LocalSubtask(store, local_dir=str(tmp_path / "rocks"))
+    value = subtask.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    votes = subtask.context.get_map_state(MapStateDescriptor("m", Types.STRING(), Types.INT()))
+    subtask.key(("N725MQ", 2013))
+    value.update(7)
+    votes.put("yes", 1)
+    subtask.checkpoint(1)
+    rows = {r["state_name"]: r for r in store.query_committed("op")}
+    assert rows["v"]["kjson"] == '["N725MQ",2013]' and rows["v"]["vjson"] == "7"
+    assert rows["m"]["kjson"] == '["N725MQ",2013]' and rows["m"]["vjson"] == "1"
+    subtask.close()
+    store.close()
+
+
+def test_readers_do_not_create_tables(tmp_path):
+    from pyflink_ndb.errors import StateCompatibilityError, StoreUnavailableError
+
+    with pytest.raises(StoreUnavailableError, match="No SQLite store"):
+        open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/absent.sqlite"), create=False)
+    open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/x.sqlite", namespace="a")).close()
+    with pytest.raises(StateCompatibilityError, match="has no pyflink-ndb tables"):
+        open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/x.sqlite", namespace="b"),
+                   create=False)

@@ -198,3 +198,14 @@ def split_key(data: bytes) -> tuple[bytes, bytes]:
     """Split bytes that start with an encoded key into (that key's bytes, the rest)."""
     _, pos = _decode(data, 0)
     return data[:pos], data[pos:]
+
+
+def key_json(ukey: bytes) -> str | None:
+    """JSON of the Flink key at the start of an entry's ukey (None when it has no JSON form)."""
+    from pyflink_ndb.serialization.values import value_json
+
+    try:
+        prefix, _ = split_key(ukey)
+        return value_json(decode_key(prefix))
+    except (SerializationError, IndexError, ValueError):
+        return None

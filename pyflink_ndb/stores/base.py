@@ -62,6 +62,8 @@ class WriteRow:
     value: bytes | None
     value_json: str | None
     expires_at_ms: int | None
+    #: JSON of the Flink key (None when it does not map to JSON), for SQL readers.
+    key_json: str | None = None
 
 
 def state_id_for(operator: str, name: str) -> int:
@@ -125,15 +127,33 @@ class StateStore(ABC):
         return None
 
     # -- plumbing -------------------------------------------------------------------------
-    def open(self) -> None:
-        """Connect and create missing tables.
+    def open(self, create: bool = True) -> None:
+        """Connect, create missing tables (when `create`) and check their layout.
 
+        :param create: False for readers (the CLI): nothing is created.
         :raises StoreUnavailableError: the database cannot be reached.
+        :raises StateCompatibilityError: the tables are missing (`create` False) or have
+            another layout (created by another format version).
         """
         self._conn = self._connect()
-        for statement in self._ddl():
-            self._execute(statement)
-        self._conn.commit()
+        if create:
+            for statement in self._ddl():
+                self._execute(statement)
+            self._conn.commit()
+        try:
+            self._query(f"SELECT key_group, state_id, ukey, epoch, chunk, tombstone, chunks, "
+                        f"expires_at_ms, fmt, vbytes, vjson, kjson FROM {self.t_state} "
+                        "WHERE 1 = 0")
+            self._query(f"SELECT operator, epoch, is_savepoint FROM {self.t_epochs} "
+                        "WHERE 1 = 0")
+            self._query(f"SELECT state_id, format_version FROM {self.t_catalog} WHERE 1 = 0")
+        except Exception as err:
+            self._conn.rollback()
+            what = ("has no pyflink-ndb tables" if not create else
+                    "has tables of another layout (another pyflink-ndb format version)")
+            raise StateCompatibilityError(
+                f"Namespace {self.namespace!r} in {self.describe()} {what}: {err}. Check "
+                "the URL and namespace, or use a new namespace.") from err
 
     def close(self) -> None:
         conn = getattr(self, "_conn", None)
@@ -332,7 +352,7 @@ class StateStore(ABC):
                 f"{MAX_UKEY_BYTES} bytes (primary-key size of InnoDB/NDB); use a shorter key.")
         if row.tombstone or row.value is None:
             yield (row.key_group, row.state_id, row.ukey, epoch, 0, 1, 1, row.expires_at_ms,
-                   FORMAT_VERSION, None, None)
+                   FORMAT_VERSION, None, None, row.key_json)
             return
         value = row.value
         chunks = max(1, -(-len(value) // CHUNK_BYTES))
@@ -340,7 +360,8 @@ class StateStore(ABC):
             part = value[chunk * CHUNK_BYTES:(chunk + 1) * CHUNK_BYTES]
             yield (row.key_group, row.state_id, row.ukey, epoch, chunk, 0, chunks,
                    row.expires_at_ms, FORMAT_VERSION, part,
-                   row.value_json if chunk == 0 and chunks == 1 else None)
+                   row.value_json if chunk == 0 and chunks == 1 else None,
+                   row.key_json if chunk == 0 else None)
 
     def write_epoch(self, epoch: int, rows: Iterable[WriteRow]) -> int:
         """Write entries as versions of `epoch` (idempotent upserts) and commit.
@@ -350,14 +371,15 @@ class StateStore(ABC):
         only when every row is committed.
         """
         sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, epoch, chunk, "
-               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
         batch: list[tuple[Any, ...]] = []
         batch_bytes = 0
         written = 0
         for row in rows:
             for params in self._row_params(epoch, row):
-                size = len(params[2]) + len(params[9] or b"") + len(params[10] or "")
+                size = (len(params[2]) + len(params[9] or b"") + len(params[10] or "")
+                        + len(params[11] or ""))
                 if batch and (len(batch) >= self.write_batch_rows
                               or batch_bytes + size > MAX_BATCH_BYTES):
                     self._executemany(sql, batch)
@@ -487,8 +509,8 @@ class StateStore(ABC):
         """A SELECT of the committed state: newest version at or below the latest commit
         marker of its operator, tombstones and chunks > 0 left out."""
         return (
-            f"SELECT c.operator, c.state_name, s.key_group, s.ukey, s.epoch, s.vjson, s.vbytes, "
-            f"s.expires_at_ms FROM {self.t_state} s JOIN {self.t_catalog} c ON "
+            f"SELECT c.operator, c.state_name, s.key_group, s.ukey, s.kjson, s.epoch, s.vjson, "
+            f"s.vbytes, s.expires_at_ms FROM {self.t_state} s JOIN {self.t_catalog} c ON "
             "c.state_id = s.state_id WHERE s.chunk = 0 AND s.tombstone = 0 AND s.epoch = ("
             f"SELECT MAX(t.epoch) FROM {self.t_state} t WHERE t.key_group = s.key_group AND "
             "t.state_id = s.state_id AND t.ukey = s.ukey AND t.chunk = 0 AND t.epoch <= ("
@@ -506,8 +528,8 @@ class StateStore(ABC):
         if state_name is not None:
             sql += " AND q.state_name = ?"
             params.append(state_name)
-        cols = ("operator", "state_name", "key_group", "ukey", "epoch", "vjson", "vbytes",
-                "expires_at_ms")
+        cols = ("operator", "state_name", "key_group", "ukey", "kjson", "epoch", "vjson",
+                "vbytes", "expires_at_ms")
         out = []
         for row in self._query(sql, params):
             rec = dict(zip(cols, row, strict=True))

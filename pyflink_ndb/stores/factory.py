@@ -28,11 +28,20 @@ def create_store(options: NdbStateOptions) -> StateStore:
         f"(got a URL starting with {url.split(':', 1)[0]!r}).")
 
 
-def open_store(options: NdbStateOptions) -> StateStore:
-    """Create and open the store (tables are created when missing).
+def open_store(options: NdbStateOptions, create: bool = True) -> StateStore:
+    """Create and open the store (tables are created when missing, if `create`).
 
     :raises StoreUnavailableError: the database cannot be reached.
+    :raises StateCompatibilityError: see :meth:`StateStore.open`.
     """
     store = create_store(options)
-    store.open()
+    if not create and options.url.startswith("sqlite:///"):
+        from pathlib import Path
+
+        path = options.url[len("sqlite:///"):]
+        if path != ":memory:" and not Path(path).exists():
+            from pyflink_ndb.errors import StoreUnavailableError
+
+            raise StoreUnavailableError(f"No SQLite store at {path!r}: check the URL.")
+    store.open(create=create)
     return store

@@ -114,7 +114,7 @@ class MysqlStateStore(StateStore):
             "key_group SMALLINT NOT NULL, state_id INT NOT NULL, "
             "ukey VARBINARY(2048) NOT NULL, epoch BIGINT NOT NULL, chunk SMALLINT NOT NULL, "
             "tombstone TINYINT NOT NULL, chunks SMALLINT NOT NULL, expires_at_ms BIGINT NULL, "
-            "fmt TINYINT NOT NULL, vbytes LONGBLOB NULL, vjson JSON NULL, "
+            "fmt TINYINT NOT NULL, vbytes LONGBLOB NULL, vjson JSON NULL, kjson JSON NULL, "
             "PRIMARY KEY (key_group, state_id, ukey, epoch, chunk), "
             "KEY ix_expiry (expires_at_ms)"
             f") {engine} DEFAULT CHARSET=utf8mb4{partition}",

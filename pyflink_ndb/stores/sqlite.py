@@ -51,7 +51,7 @@ class SqliteStateStore(StateStore):
             "key_group INTEGER NOT NULL, state_id INTEGER NOT NULL, ukey BLOB NOT NULL, "
             "epoch INTEGER NOT NULL, chunk INTEGER NOT NULL, tombstone INTEGER NOT NULL, "
             "chunks INTEGER NOT NULL, expires_at_ms INTEGER, fmt INTEGER NOT NULL, "
-            "vbytes BLOB, vjson TEXT, "
+            "vbytes BLOB, vjson TEXT, kjson TEXT, "
             "PRIMARY KEY (key_group, state_id, ukey, epoch, chunk)) WITHOUT ROWID",
             f"CREATE INDEX IF NOT EXISTS {self.t_state}_expiry ON {self.t_state} "
             "(expires_at_ms)",

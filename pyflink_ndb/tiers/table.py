@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from pyflink_ndb.serialization.keys import split_key
+from pyflink_ndb.serialization.keys import key_json, split_key
 from pyflink_ndb.stores.base import StateStore, WriteRow
 from pyflink_ndb.tiers.cache import WriteBackLRU
 from pyflink_ndb.tiers.local import LocalTier
@@ -197,7 +197,7 @@ class TieredTable:
             rows.append(WriteRow(
                 entry.key_group, eid[0], eid[1], entry.value is None, entry.value,
                 None if entry.value is None else json_of(eid[0], entry.value),
-                entry.expires_at_ms))
+                entry.expires_at_ms, None if entry.value is None else key_json(eid[1])))
         return rows
 
     def dirty_ids(self) -> list[EntryId]:
