@@ -176,10 +176,12 @@ def keys_in_range(lo: int, hi: int, count: int, max_parallelism: int = 128) -> l
 
 
 # -- crash in the middle of a snapshot -----------------------------------------------------
+@pytest.mark.parametrize("restore_mode", ["lazy", "eager"])
 def test_crash_mid_snapshot_restores_previous_checkpoint_exactly(store_kind, store_factory,
-                                                                 local_dir):
+                                                                 local_dir, restore_mode):
     ns = unique_namespace("r")
-    options = NdbStateOptions(cache_max_entries=1, write_batch_rows=2)
+    options = NdbStateOptions(cache_max_entries=1, write_batch_rows=2,
+                              restore_mode=restore_mode)
     store = store_factory(store_kind, namespace=ns)
     store.write_batch_rows = 2
     job, model = Job(store, options, local_dir), Model()
@@ -425,6 +427,32 @@ def test_fresh_restart_keeps_state_of_a_pinned_savepoint(store_kind, store_facto
     assert job.read_all() == Model().view()
     job.crash()
     job = Job(store, options, local_dir, restored=1)  # a new job from the savepoint
+    assert job.read_all() == model.view()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: on-fresh-start=resume continues at the latest checkpoint marker and ignores "
+    "savepoint pins above it: protocol.restore rolls back the savepoint's rows "
+    "(rollback_after(committed)) and the resumed run writes its own rows under the "
+    "pinned epoch (epoch_offset = committed), so restoring the savepoint later reads the "
+    "resumed run's data."))
+def test_resume_does_not_destroy_a_later_savepoint(store_kind, store_factory, local_dir):
+    store = store_factory(store_kind)
+    options = NdbStateOptions(cache_max_entries=1)
+    job, model = Job(store, options, local_dir), Model()
+    job.write("a", 1)
+    model.write("a", 1)
+    job.checkpoint(1)
+    job.write("a", 2)
+    model.write("a", 2)
+    job.t.backend.snapshot(2, is_savepoint=True)  # pinned, never completed
+    job.crash()
+    resume = NdbStateOptions(cache_max_entries=1, on_fresh_start="resume")
+    job = Job(store, resume, local_dir)  # a new job resumes epoch 1
+    job.write("a", 30)
+    job.checkpoint(1)  # epoch offset 1 + 1 = 2: the savepoint's epoch
+    job.crash()
+    job = Job(store, options, local_dir, restored=2)  # the job started from the savepoint
     assert job.read_all() == model.view()
 
 
@@ -789,21 +817,28 @@ def test_unpicklable_values_fail_at_update_and_change_nothing(store_factory, loc
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "BUG: ListState.update() with an unpicklable element, on a list of 2+ segments, "
-    "tombstones segments 1.. before the element fails to serialize "
-    "(state/list.py _rewrite: the put loop runs before _write_segment encodes); the "
-    "SerializationError leaves the head pointing at deleted segments: elements lost."))
-def test_failed_list_update_changes_nothing(store_factory, local_dir):
+    "BUG: ListState.update(), and add_all() when it compacts 32 segments, tombstone "
+    "segments 1.. before the new content is serialized (state/list.py _rewrite: the put "
+    "loop runs before _write_segment encodes); an unpicklable element then raises "
+    "SerializationError with the head still pointing at the deleted segments: elements "
+    "are lost although the call failed."))
+@pytest.mark.parametrize("call", ["update", "add_all-compaction"])
+def test_failed_list_write_changes_nothing(store_factory, local_dir, call):
+    from pyflink_ndb.state.list import MAX_SEGMENTS
+
     store = store_factory("sqlite")
     job = Job(store, NdbStateOptions(), local_dir)
     job.t.key("a")
-    job.list.add("x")
-    job.checkpoint(1)
-    job.list.add("y")  # a second segment
-    job.checkpoint(2)
+    segments = 2 if call == "update" else MAX_SEGMENTS
+    for i in range(segments):  # one segment per checkpoint
+        job.list.add(i)
+        job.checkpoint(i + 1)
     with pytest.raises(SerializationError):
-        job.list.update(["z", lambda q: q])
-    assert job.list.get() == ["x", "y"]
+        if call == "update":
+            job.list.update(["z", lambda q: q])
+        else:
+            job.list.add_all(["z", lambda q: q])
+    assert job.list.get() == list(range(segments))
 
 
 @pytest.mark.parametrize("size", [CHUNK_BYTES - 1, CHUNK_BYTES, CHUNK_BYTES + 1,
