@@ -10,6 +10,7 @@ tiered states. Crash = drop the object without `snapshot`; restore = a new
 from __future__ import annotations
 
 import time
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,8 @@ class LocalSubtask:
     :param restored_checkpoint_id: restore from this checkpoint (None: fresh start).
     :param restored_epoch_offset: the epoch offset of the restored checkpoint.
     :param checkpointing_enabled: False makes `finish()` commit a final epoch.
+    :param job_id: the Flink job id; None: a new one, i.e. each LocalSubtask is its own job
+        (pass the same id to simulate a restart of one job).
     """
 
     def __init__(self, store: StateStore, options: NdbStateOptions | None = None, *,
@@ -62,7 +65,7 @@ class LocalSubtask:
                  restored_checkpoint_id: int | None = None,
                  restored_epoch_offset: int | None = None,
                  checkpointing_enabled: bool = True, clock: ManualClock | None = None,
-                 local_dir: str | None = None) -> None:
+                 local_dir: str | None = None, job_id: str | None = None) -> None:
         self.clock = clock or ManualClock()
         oracle = _CrcKeyGroups(max_parallelism)
         info = BindInfo(
@@ -71,7 +74,8 @@ class LocalSubtask:
             key_group_end=max_parallelism - 1 if key_group_end is None else key_group_end,
             restored_checkpoint_id=restored_checkpoint_id,
             restored_epoch_offset=restored_epoch_offset,
-            checkpointing_enabled=checkpointing_enabled, local_dir=local_dir)
+            checkpointing_enabled=checkpointing_enabled, local_dir=local_dir,
+            job_id=job_id or f"local-{uuid.uuid4().hex[:12]}")
         self.backend = SubtaskStateBackend(options or NdbStateOptions(), info, oracle,
                                            store=store, clock_ms=self.clock)
         oracle.backend = self.backend

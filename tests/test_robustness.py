@@ -335,11 +335,6 @@ def test_restore_older_retained_checkpoint_of_an_earlier_attempt(store_kind, sto
     assert job.read_all() == snaps[2].view()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: GC protects only the checkpoints whose completion notification arrived. Flink "
-    "may skip or lose notifyCheckpointComplete(5) when 6 completes right after it, yet it "
-    "retains 5 (num-retained=2); GC at complete(6) deletes the versions only 5 needs "
-    "(checkpoint/protocol.py protected_epochs uses commit markers only)."))
 def test_gc_keeps_retained_checkpoint_whose_notification_was_skipped(store_kind,
                                                                      store_factory,
                                                                      local_dir):
@@ -626,11 +621,6 @@ def test_lost_database_connection_fails_clearly_and_loses_nothing(mysql_url, sto
 
 
 @pytest.mark.mysql
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: after the first StoreUnavailableError pymysql has dropped the socket; every "
-    "further call raises a bare pymysql.err.InterfaceError(0, '') (stores/mysql.py "
-    "_translate_error maps only OperationalError codes; InterfaceError is not mapped). "
-    "The same for a closed connection."))
 def test_every_call_after_connection_loss_raises_store_unavailable(mysql_url, store_factory,
                                                                    local_dir):
     store = store_factory("mysql")
@@ -764,10 +754,6 @@ def test_row_and_float_keys_round_trip_through_a_restore(store_kind, store_facto
     assert Row(b=1, a="x") in keys_back
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a deeply nested key raises a bare RecursionError from "
-    "serialization/keys.py _encode instead of SerializationError (the README's root "
-    "NdbStateError)."))
 def test_deeply_nested_key_fails_with_serialization_error(store_factory, local_dir):
     job = Job(store_factory("sqlite"), NdbStateOptions(), local_dir)
     key: Any = ()
@@ -816,12 +802,6 @@ def test_unpicklable_values_fail_at_update_and_change_nothing(store_factory, loc
             sock.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: ListState.update(), and add_all() when it compacts 32 segments, tombstone "
-    "segments 1.. before the new content is serialized (state/list.py _rewrite: the put "
-    "loop runs before _write_segment encodes); an unpicklable element then raises "
-    "SerializationError with the head still pointing at the deleted segments: elements "
-    "are lost although the call failed."))
 @pytest.mark.parametrize("call", ["update", "add_all-compaction"])
 def test_failed_list_write_changes_nothing(store_factory, local_dir, call):
     from pyflink_ndb.state.list import MAX_SEGMENTS
@@ -887,12 +867,6 @@ def test_odd_values_round_trip_through_a_restore(store_kind, store_factory, loca
     assert repr(job.list.get()) == repr([value])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a str with a lone surrogate (valid Python, picklable, accepted as a key by "
-    "keys.py's surrogatepass) fails every checkpoint: serialization/values.py value_json "
-    "renders it with ensure_ascii=False (vjson of the value, kjson of the Flink key via "
-    "keys.py key_json) and the driver cannot encode that text to UTF-8 "
-    "(UnicodeEncodeError -> CheckpointError). The job can never checkpoint again."))
 @pytest.mark.parametrize("where", ["value", "key"])
 def test_lone_surrogate_string_checkpoints(store_kind, store_factory, local_dir, where):
     store = store_factory(store_kind)
@@ -909,12 +883,6 @@ def test_lone_surrogate_string_checkpoints(store_kind, store_factory, local_dir,
 
 
 @pytest.mark.mysql
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a JSON-mappable value or Flink key nested deeper than the server's JSON depth "
-    "limit (32 on MariaDB, 100 on MySQL 8/RonDB) fails every checkpoint (CHECK json_valid "
-    "/ 'exceeds maximum depth'): serialization/values.py value_json (also used for the "
-    "kjson column) only guards RecursionError, so vjson/kjson get text the server "
-    "rejects."))
 @pytest.mark.parametrize("where", ["value", "key"])
 def test_deeply_nested_json_checkpoints_on_mysql(store_factory, local_dir, where):
     store = store_factory("mysql")
@@ -1034,12 +1002,6 @@ def test_ttl_refresh_on_read_survives_restore(store_kind, store_factory, local_d
     assert v.value() is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: after the TTL of a state is shortened (allowed: the catalog only updates ttl_ms), "
-    "an older version written with the longer TTL outlives the newer one; "
-    "stores/base.py delete_expired deletes the expired newest version and the older, "
-    "overwritten value comes back after a restore (its docstring assumes older versions "
-    "never expire later)."))
 def test_shortened_ttl_never_resurrects_an_overwritten_value(store_kind, store_factory,
                                                              local_dir):
     store = store_factory(store_kind)
@@ -1136,13 +1098,6 @@ def _bounded_subtask(store: StateStore, index: int, attempt: int, local_dir: str
     return backend, ctx.get_state(ValueStateDescriptor("count", ANY))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: bounded input without checkpointing, parallelism 2: subtask 0 finishes and "
-    "commits its final epoch (protocol.final_flush), subtask 1 fails, Flink restarts the "
-    "job (attempt 1, no checkpoint to restore). The restart is a 'fresh start' that finds "
-    "the committed final epoch of its own failed attempt: on-fresh-start=fail raises "
-    "NamespaceInUseError in every restart (protocol.restore), resume would count "
-    "subtask 0's input twice. Markers do not record the job id/attempt to tell them apart."))
 def test_bounded_job_without_checkpointing_survives_a_restart(store_factory, local_dir):
     store_a = store_factory("sqlite")
     store_b = store_factory("sqlite", namespace=store_a.namespace)

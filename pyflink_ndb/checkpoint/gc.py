@@ -55,12 +55,15 @@ class VersionLedger:
         versions.epochs.append(epoch)
         versions.tombstones.append(tombstone)
 
-    def collect(self, protected: Sequence[int], latest_committed: int) -> list[Deletion]:
+    def collect(self, protected: Sequence[int], latest_committed: int,
+                keep_from: int | None = None) -> list[Deletion]:
         """Deletions allowed now, and forget what they delete.
 
         :param protected: epochs of retained checkpoints and pinned savepoints.
         :param latest_committed: the newest completed checkpoint's epoch; versions above it
             are always kept.
+        :param keep_from: versions at or above this epoch are always kept (None: no such
+            bound); covers retained checkpoints whose completion was never notified.
         """
         marks = sorted(set(protected))
         out: list[Deletion] = []
@@ -78,6 +81,7 @@ class VersionLedger:
             for i, (epoch, tomb) in enumerate(zip(v.epochs, v.tombstones, strict=True)):
                 nxt = v.epochs[i + 1] if i + 1 < n else None
                 needed = (epoch > latest_committed or nxt is None or nxt > latest_committed
+                          or (keep_from is not None and epoch >= keep_from)
                           or protected_in(epoch, nxt))
                 if needed:
                     keep_e.append(epoch)

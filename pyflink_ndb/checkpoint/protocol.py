@@ -31,6 +31,7 @@ class SubtaskScope:
     subtask_index: int
     key_group_start: int
     key_group_end: int
+    job_id: str = ""
 
 
 def fresh_start_conflict(store: StateStore, options: NdbStateOptions, operator: str,
@@ -99,14 +100,18 @@ class EpochProtocol:
             removed = self.store.rollback_after(state_ids, s.key_group_start,
                                                 s.key_group_end, epoch)
             # The restored checkpoint completed, even if its notification was lost.
-            self.store.commit_epoch(s.operator, epoch)
+            self.store.commit_epoch(s.operator, epoch, job_id=s.job_id)
             if s.subtask_index == 0:
                 self.store.delete_commit_markers(s.operator, after_epoch=epoch)
             self.restored_epoch = epoch
             log.info("pyflink-ndb %s/%d restored epoch %d (checkpoint %d), rolled back %d rows",
                      s.operator, s.subtask_index, epoch, restored_checkpoint_id, removed)
             return
-        committed = self.store.latest_committed_epoch(s.operator)
+        # A fresh start of the same job (a restart with checkpointing off, or before its
+        # first checkpoint) re-reads its input: what it committed before is not state.
+        committed = self.store.latest_committed_epoch(s.operator, exclude_job=s.job_id)
+        if s.subtask_index == 0:
+            self.store.delete_job_markers(s.operator, s.job_id)
         if committed is None:
             # Only leftovers of attempts that never completed a checkpoint: not state.
             self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
@@ -180,7 +185,8 @@ class EpochProtocol:
         self.table.mark_clean()
         if is_savepoint:
             # Pin now: Flink notifies completion of a savepoint only on stop-with-savepoint.
-            self.store.commit_epoch(self.scope.operator, epoch, is_savepoint=True)
+            self.store.commit_epoch(self.scope.operator, epoch, is_savepoint=True,
+                                    job_id=self.scope.job_id)
         self._pending[epoch] = is_savepoint
         self.last_snapshot_rows = len(rows)
         self.snapshots += 1
@@ -191,7 +197,7 @@ class EpochProtocol:
         epoch = self.epoch_of(checkpoint_id)
         for done in [e for e in self._pending if e <= epoch]:
             self._pending.pop(done)  # older ones are subsumed by the completed epoch
-        self.store.commit_epoch(self.scope.operator, epoch)
+        self.store.commit_epoch(self.scope.operator, epoch, job_id=self.scope.job_id)
         self.completed += 1
         self.collect_garbage()
 
@@ -209,18 +215,27 @@ class EpochProtocol:
         self.complete(checkpoint_id)
         return written
 
-    def protected_epochs(self) -> tuple[list[int], int]:
-        """(protected epochs, latest committed epoch) from the commit markers."""
+    def protected_epochs(self) -> tuple[list[int], int, int | None]:
+        """(protected epochs, latest completed epoch, keep-from epoch) from the markers.
+
+        Flink retains the last `checkpoints.retained` completed checkpoints, but may skip
+        the notification of a checkpoint that another one completes right after: such a
+        checkpoint has no marker. So every version at or above the oldest retained marker
+        is kept (keep-from), which covers any unmarked checkpoint in between.
+        """
         markers = self.store.committed_epochs(self.scope.operator)
-        checkpoints = [e for e, sp in markers if not sp]
+        checkpoints = sorted({e for e, sp in markers if not sp})
         savepoints = [e for e, sp in markers if sp]
-        retained = self.options.checkpoints_retained or 1
-        latest = max(checkpoints, default=-1)
-        return sorted(set(checkpoints[-retained:] + savepoints)), latest
+        retained = checkpoints[-(self.options.checkpoints_retained or 1):]
+        latest = checkpoints[-1] if checkpoints else -1
+        keep_from = retained[0] if retained else None
+        return sorted(set(retained + savepoints)), latest, keep_from
 
     def collect_garbage(self) -> int:
-        protected, latest = self.protected_epochs()
-        deletions = self.ledger.collect(protected, latest)
+        """Delete versions no retained checkpoint or savepoint needs, and expired rows;
+        subtask 0 also prunes commit markers older than the retained ones."""
+        protected, latest, keep_from = self.protected_epochs()
+        deletions = self.ledger.collect(protected, latest, keep_from)
         removed = 0
         if deletions:
             removed += self.store.delete_versions(deletions)
@@ -228,4 +243,6 @@ class EpochProtocol:
             s = self.scope
             removed += self.store.delete_expired(sorted(self._ttl_states), s.key_group_start,
                                                  s.key_group_end, self.clock_ms())
+        if self.scope.subtask_index == 0 and keep_from is not None:
+            self.store.prune_commit_markers(self.scope.operator, keep_from)
         return removed

@@ -96,7 +96,7 @@ class SubtaskStateBackend:
         self.protocol = EpochProtocol(
             self.store, self.table, options,
             SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
-                         info.key_group_end), clock_ms)
+                         info.key_group_end, info.job_id), clock_ms)
         self.protocol.set_json_renderer(self._render_json)
         self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
         self._kg_cache: LRUCache = LRUCache(maxsize=max(options.cache_max_entries, 10_000))

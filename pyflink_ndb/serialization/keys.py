@@ -113,9 +113,14 @@ def encode_key(value: Any) -> bytes:
 
     :param value: the key (see the module docstring for supported types).
     :returns: self-delimiting bytes; equal keys give equal bytes.
-    :raises SerializationError: the type is not supported as a key.
+    :raises SerializationError: the type is not supported as a key, or it is nested too
+        deeply to encode.
     """
-    return bytes(_encode_to(value))
+    try:
+        return bytes(_encode_to(value))
+    except RecursionError as err:
+        raise SerializationError(
+            "A state key is nested too deeply to encode; use a flatter key.") from err
 
 
 def encode_map_key(value: Any) -> bytes:

@@ -44,7 +44,14 @@ def decode_value(data: bytes) -> Any:
         raise SerializationError(f"Cannot deserialize a stored state value: {err}") from err
 
 
-def _jsonable(value: Any) -> Any:
+#: Deepest nesting rendered as JSON; MariaDB rejects deeper documents (MySQL 8 and RonDB:
+#: 100), and a rejected JSON text would fail every checkpoint.
+MAX_JSON_DEPTH = 32
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError("nested too deeply for JSON columns")
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -53,11 +60,11 @@ def _jsonable(value: Any) -> Any:
         raise ValueError("non-finite float")
     as_dict = getattr(value, "as_dict", None)
     if callable(as_dict) and getattr(value, "_fields", None):
-        return {k: _jsonable(v) for k, v in as_dict().items()}
+        return {k: _jsonable(v, depth + 1) for k, v in as_dict().items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, depth + 1) for v in value]
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: _jsonable(v, depth + 1) for k, v in value.items()}
     raise ValueError(type(value).__name__)
 
 
@@ -65,10 +72,13 @@ def value_json(value: Any) -> str | None:
     """The value as JSON text for SQL queries, or None when the type does not map to JSON.
 
     Maps: None, bool, int, str, finite float, list/tuple, dict with str keys and named Rows
-    (as objects), recursively. bytes, NaN and other types give None (the bytes column stays
-    the truth).
+    (as objects), recursively up to :data:`MAX_JSON_DEPTH` levels. bytes, NaN, text that is
+    not valid Unicode (lone surrogates), deeper nesting and other types give None (the bytes
+    column stays the truth).
     """
     try:
-        return json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"))
-    except (ValueError, RecursionError):
+        text = json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"))
+        text.encode("utf-8")
+        return text
+    except (ValueError, RecursionError, UnicodeEncodeError):
         return None

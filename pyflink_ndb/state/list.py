@@ -67,11 +67,13 @@ class TieredListState(TieredState, ListState):
                                 key_group)
         return [] if entry.value is None else decode_value(entry.value)
 
+    def _segment_expiry(self, items: list[Any]) -> int | None:
+        return max((e for _, e in items), default=None) if self._ttl.ttl_ms else None
+
     def _write_segment(self, key_bytes: bytes, key_group: int, index: int,
                        items: list[Any]) -> None:
-        expires = max((e for _, e in items), default=None) if self._ttl.ttl_ms else None
         self._table.put(self._state_id, self._segment_key(key_bytes, index), key_group,
-                        encode_value(items), expires)
+                        encode_value(items), self._segment_expiry(items))
 
     def _wrap(self, values: list[Any]) -> list[Any]:
         if self._ttl.ttl_ms is None:
@@ -92,14 +94,19 @@ class TieredListState(TieredState, ListState):
 
     def _rewrite(self, key_bytes: bytes, key_group: int, old_segments: int,
                  items: list[Any]) -> None:
-        """Make the list exactly `items` (wrapped) in one segment; empty clears it."""
+        """Make the list exactly `items` (wrapped) in one segment; empty clears it.
+
+        The new segment is serialized first, so a value that cannot be serialized raises
+        before anything changes."""
+        data = encode_value(items) if items else None
         for index in range(1 if items else 0, old_segments):
             self._table.put(self._state_id, self._segment_key(key_bytes, index), key_group,
                             None)
-        if not items:
+        if data is None:
             self._table.put(self._state_id, key_bytes, key_group, None)
             return
-        self._write_segment(key_bytes, key_group, 0, items)
+        self._table.put(self._state_id, self._segment_key(key_bytes, 0), key_group, data,
+                        self._segment_expiry(items))
         self._write_head(key_bytes, key_group, 1, self._head_expiry(items))
 
     def _head_expiry(self, items: list[Any]) -> int | None:

@@ -17,6 +17,7 @@ transactions (callers batch), BLOB columns for values.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import time
@@ -144,7 +145,7 @@ class StateStore(ABC):
             self._query(f"SELECT key_group, state_id, ukey, epoch, chunk, tombstone, chunks, "
                         f"expires_at_ms, fmt, vbytes, vjson, kjson FROM {self.t_state} "
                         "WHERE 1 = 0")
-            self._query(f"SELECT operator, epoch, is_savepoint FROM {self.t_epochs} "
+            self._query(f"SELECT operator, epoch, is_savepoint, job_id FROM {self.t_epochs} "
                         "WHERE 1 = 0")
             self._query(f"SELECT state_id, format_version FROM {self.t_catalog} WHERE 1 = 0")
         except Exception as err:
@@ -157,11 +158,10 @@ class StateStore(ABC):
 
     def close(self) -> None:
         conn = getattr(self, "_conn", None)
+        self._conn = None
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # the driver may have closed it already
                 conn.close()
-            finally:
-                self._conn = None
 
     def _sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -395,15 +395,16 @@ class StateStore(ABC):
         return written
 
     # -- epochs ---------------------------------------------------------------------------
-    def commit_epoch(self, operator: str, epoch: int, is_savepoint: bool = False) -> None:
+    def commit_epoch(self, operator: str, epoch: int, is_savepoint: bool = False,
+                     job_id: str = "") -> None:
         """Write a marker (idempotent): with `is_savepoint` False the commit marker of a
         completed checkpoint; with True the pin of a savepoint's epoch (written when the
         savepoint is taken: Flink sends no completion for most savepoints), which garbage
-        collection keeps until it is released."""
+        collection keeps until it is released. `job_id` is the Flink job that wrote it."""
         self._execute(
             f"{self._insert_ignore()} INTO {self.t_epochs} (operator, epoch, is_savepoint, "
-            "committed_at_ms) VALUES (?, ?, ?, ?)",
-            (operator, epoch, 1 if is_savepoint else 0, now_ms()))
+            "committed_at_ms, job_id) VALUES (?, ?, ?, ?, ?)",
+            (operator, epoch, 1 if is_savepoint else 0, now_ms(), job_id))
         self._commit()
 
     def committed_epochs(self, operator: str) -> list[tuple[int, bool]]:
@@ -412,11 +413,30 @@ class StateStore(ABC):
             f"SELECT epoch, is_savepoint FROM {self.t_epochs} WHERE operator = ? "
             "ORDER BY epoch, is_savepoint", (operator,))]
 
-    def latest_committed_epoch(self, operator: str) -> int | None:
-        """The newest completed checkpoint's epoch (savepoint pins do not count)."""
-        rows = self._query(f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ? "
-                           "AND is_savepoint = 0", (operator,))
+    def latest_committed_epoch(self, operator: str,
+                               exclude_job: str | None = None) -> int | None:
+        """The newest completed checkpoint's epoch (savepoint pins do not count), leaving
+        out the markers of job `exclude_job` when given."""
+        sql = (f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ? "
+               "AND is_savepoint = 0")
+        params: list[Any] = [operator]
+        if exclude_job is not None:
+            sql += " AND job_id <> ?"
+            params.append(exclude_job)
+        rows = self._query(sql, params)
         return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def delete_job_markers(self, operator: str, job_id: str) -> None:
+        """Remove the commit markers that job `job_id` wrote for `operator`."""
+        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND job_id = ? "
+                      "AND is_savepoint = 0", (operator, job_id))
+        self._commit()
+
+    def prune_commit_markers(self, operator: str, before_epoch: int) -> None:
+        """Remove checkpoint commit markers older than `before_epoch` (pins stay)."""
+        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch < ? "
+                      "AND is_savepoint = 0", (operator, before_epoch))
+        self._commit()
 
     def release_savepoint(self, operator: str, epoch: int) -> int:
         """Remove a savepoint pin so that garbage collection may reclaim its versions."""
@@ -478,17 +498,35 @@ class StateStore(ABC):
 
     def delete_expired(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
                        now: int) -> int:
-        """Delete every version whose TTL expired before `now` (ms since the Unix epoch).
+        """Delete the versions whose TTL expired before `now` (ms since the Unix epoch).
 
-        Older versions of an entry never expire later than newer ones (each write sets a
-        later expiry), so no older version can re-appear.
+        A version is deleted only when no older version of its entry is still live, so an
+        older value can never re-appear (it could after a TTL was shortened). Work goes in
+        batches of `write.batch-size` versions.
         """
         if not state_ids:
             return 0
         marks = ", ".join("?" for _ in state_ids)
-        return self._delete_in_batches(
-            f"expires_at_ms IS NOT NULL AND expires_at_ms < ? AND key_group BETWEEN ? AND ? "
-            f"AND state_id IN ({marks})", (now, kg_start, kg_end, *state_ids))
+        sql = (f"SELECT s.key_group, s.state_id, s.ukey, s.epoch FROM {self.t_state} s "
+               "WHERE s.chunk = 0 AND s.expires_at_ms IS NOT NULL AND s.expires_at_ms < ? "
+               f"AND s.key_group BETWEEN ? AND ? AND s.state_id IN ({marks}) AND NOT EXISTS ("
+               f"SELECT 1 FROM {self.t_state} t WHERE t.key_group = s.key_group AND "
+               "t.state_id = s.state_id AND t.ukey = s.ukey AND t.epoch < s.epoch AND "
+               "t.chunk = 0 AND t.tombstone = 0 AND (t.expires_at_ms IS NULL OR "
+               "t.expires_at_ms >= ?)) LIMIT ?")
+        total = 0
+        while True:
+            rows = self._query(sql, (now, kg_start, kg_end, *state_ids, now,
+                                     self.write_batch_rows))
+            if not rows:
+                return total
+            from pyflink_ndb.checkpoint.gc import Deletion
+
+            total += self.delete_versions([Deletion(int(kg), int(sid), bytes(ukey), "=",
+                                                    int(epoch))
+                                           for kg, sid, ukey, epoch in rows])
+            if len(rows) < self.write_batch_rows:
+                return total
 
     def delete_all(self, state_ids: Sequence[int], kg_start: int, kg_end: int) -> int:
         """Delete every version of `state_ids` in key groups `kg_start..kg_end`."""

@@ -2,8 +2,10 @@
 
 Where the server has the NDB engine (`information_schema.ENGINES`), tables are created
 with `ENGINE=NDBCLUSTER` and `PARTITION BY KEY (key_group)`; elsewhere with InnoDB.
-Sessions run at READ COMMITTED, the only isolation level NDB offers. Driver errors are
-mapped by error number (PEP 249 / pymysql), never by message text.
+Sessions run in autocommit at READ COMMITTED, the only isolation level NDB offers: every
+statement is its own bounded transaction, and no read keeps a transaction (or a metadata
+lock) open, so a running job never blocks DDL. Driver errors are mapped by error number
+or class (PEP 249 / pymysql), never by message text.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class MysqlStateStore(StateStore):
         try:
             conn = pymysql.connect(
                 host=a["host"], port=a["port"], user=a["user"], password=a["password"] or "",
-                database=a["database"], charset="utf8mb4", autocommit=False,
+                database=a["database"], charset="utf8mb4", autocommit=True,
                 binary_prefix=True, connect_timeout=self._connect_timeout_s)
         except pymysql.err.OperationalError as err:
             code = err.args[0] if err.args else None
@@ -121,6 +123,7 @@ class MysqlStateStore(StateStore):
             f"CREATE TABLE IF NOT EXISTS {self.t_epochs} ("
             "operator VARCHAR(255) NOT NULL, epoch BIGINT NOT NULL, "
             "is_savepoint TINYINT NOT NULL, committed_at_ms BIGINT NOT NULL, "
+            "job_id VARCHAR(64) NOT NULL, "
             f"PRIMARY KEY (operator, epoch, is_savepoint)) {engine} DEFAULT CHARSET=utf8mb4",
             f"CREATE TABLE IF NOT EXISTS {self.t_catalog} ("
             "state_id INT NOT NULL PRIMARY KEY, operator VARCHAR(255) NOT NULL, "
@@ -134,7 +137,7 @@ class MysqlStateStore(StateStore):
             return None
         code = err.args[0] if err.args else None
         a = self._args
-        if code in _UNREACHABLE:
+        if code in _UNREACHABLE or isinstance(err, pymysql.err.InterfaceError):
             return StoreUnavailableError(
                 f"Lost the database at {a['host']}:{a['port']} (error {code}).")
         if code in _PACKET_TOO_LARGE:

@@ -57,7 +57,8 @@ class SqliteStateStore(StateStore):
             "(expires_at_ms)",
             f"CREATE TABLE IF NOT EXISTS {self.t_epochs} ("
             "operator TEXT NOT NULL, epoch INTEGER NOT NULL, is_savepoint INTEGER NOT NULL, "
-            "committed_at_ms INTEGER NOT NULL, PRIMARY KEY (operator, epoch, is_savepoint))",
+            "committed_at_ms INTEGER NOT NULL, job_id TEXT NOT NULL, "
+            "PRIMARY KEY (operator, epoch, is_savepoint))",
             f"CREATE TABLE IF NOT EXISTS {self.t_catalog} ("
             "state_id INTEGER NOT NULL PRIMARY KEY, operator TEXT NOT NULL, "
             "state_name TEXT NOT NULL, state_kind TEXT NOT NULL, serializer TEXT NOT NULL, "
@@ -67,4 +68,13 @@ class SqliteStateStore(StateStore):
     def _translate_error(self, err: Exception) -> Exception | None:
         if isinstance(err, sqlite3.OperationalError):
             return StoreUnavailableError(f"SQLite store {self.path!r} failed: {err}")
+        if isinstance(err, sqlite3.ProgrammingError) and not self._is_open():
+            return StoreUnavailableError(f"SQLite store {self.path!r} is closed: {err}")
         return None
+
+    def _is_open(self) -> bool:
+        try:
+            self._conn.total_changes  # noqa: B018 (raises on a closed connection)
+        except sqlite3.ProgrammingError:
+            return False
+        return True
