@@ -88,3 +88,52 @@ def test_truncate_starts_empty(store, tmp_path):
     assert _read_all(fresh) == {k: (None, {}) for k in range(50)}
     assert store.latest_committed_epoch("op") is None
     fresh.close()
+
+
+def test_restoring_a_savepoint_that_a_failover_rolled_back_fails_loudly(store, tmp_path):
+    import pytest
+
+    from pyflink_ndb.errors import CheckpointError
+
+    options = NdbStateOptions(cache_max_entries=1)
+    job = LocalSubtask(store, options, local_dir=str(tmp_path / "a"))
+    value = job.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    job.key("k")
+    value.update(1)
+    job.checkpoint(1)
+    value.update(2)
+    job.backend.snapshot(2, is_savepoint=True)  # an intermediate savepoint
+    job.crash()
+    # Failover to checkpoint 1 (Flink never fails over to a savepoint): savepoint 2's rows
+    # are rolled back, so restoring it later must not silently return checkpoint 1's state.
+    LocalSubtask(store, options, restored_checkpoint_id=1,
+                 local_dir=str(tmp_path / "b")).close()
+    with pytest.raises(CheckpointError, match="can no longer be restored"):
+        LocalSubtask(store, options, restored_checkpoint_id=2, local_dir=str(tmp_path / "c"))
+
+
+def test_a_new_job_from_a_savepoint_reuses_rolled_back_epochs(store, tmp_path):
+    """Old job: checkpoint 1, savepoint 2, checkpoint 3, then a failover to 1 rolls back
+    savepoint 2. A new job from checkpoint 1 takes checkpoints 2 and 3 again (Flink continues
+    the ids): restoring its checkpoint 2 is valid."""
+    options = NdbStateOptions(cache_max_entries=1)
+    old = LocalSubtask(store, options, local_dir=str(tmp_path / "a"))
+    value = old.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    old.key("k")
+    value.update(1)
+    old.checkpoint(1)
+    value.update(2)
+    old.backend.snapshot(2, is_savepoint=True)
+    old.crash()
+    LocalSubtask(store, options, restored_checkpoint_id=1, local_dir=str(tmp_path / "b")).close()
+    new = LocalSubtask(store, options, restored_checkpoint_id=1, local_dir=str(tmp_path / "c"))
+    value = new.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    new.key("k")
+    value.update(20)
+    new.checkpoint(2)
+    new.crash()
+    again = LocalSubtask(store, options, restored_checkpoint_id=2, local_dir=str(tmp_path / "d"))
+    value = again.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    again.key("k")
+    assert value.value() == 20
+    again.close()

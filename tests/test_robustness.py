@@ -378,7 +378,8 @@ def test_restore_savepoint_after_later_checkpoints_and_gc(store_kind, store_fact
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "BUG: an ordinary failover to checkpoint 1 after an intermediate savepoint 2 deletes "
+    "KNOWN LIMIT (README, Savepoints; restoring it raises CheckpointError): "
+    "an ordinary failover to checkpoint 1 after an intermediate savepoint 2 deletes "
     "the savepoint's versions (protocol.restore -> store.rollback_after(epoch > 1) and "
     "delete_commit_markers(after 1)); a later restore from savepoint 2 finds state 1 or "
     "nothing. Flink does not use intermediate savepoints for failover, so this happens "
@@ -406,7 +407,8 @@ def test_savepoint_survives_failover_to_earlier_checkpoint(store_kind, store_fac
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "BUG: a fresh start after a savepoint but before any completed checkpoint treats the "
+    "KNOWN LIMIT (README, Savepoints; restoring it raises CheckpointError): "
+    "a fresh start after a savepoint but before any completed checkpoint treats the "
     "savepoint's rows as leftovers and deletes them (protocol.restore: "
     "latest_committed_epoch ignores savepoint pins, then store.delete_all)."))
 def test_fresh_restart_keeps_state_of_a_pinned_savepoint(store_kind, store_factory,
@@ -426,7 +428,8 @@ def test_fresh_restart_keeps_state_of_a_pinned_savepoint(store_kind, store_facto
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "BUG: on-fresh-start=resume continues at the latest checkpoint marker and ignores "
+    "KNOWN LIMIT (README, Savepoints; restoring it raises CheckpointError): "
+    "on-fresh-start=resume continues at the latest checkpoint marker and ignores "
     "savepoint pins above it: protocol.restore rolls back the savepoint's rows "
     "(rollback_after(committed)) and the resumed run writes its own rows under the "
     "pinned epoch (epoch_offset = committed), so restoring the savepoint later reads the "

@@ -72,6 +72,7 @@ class EpochProtocol:
         self.ledger = VersionLedger()
         self._pending: dict[int, bool] = {}  # epoch -> is_savepoint, snapshotted not complete
         self._ttl_states: set[int] = set()
+        self._invalidated: set[int] | None = None
         self._json_of: Callable[[int, bytes], str | None] = lambda sid, value: None
         self.last_snapshot_rows = 0
         self.snapshots = 0
@@ -97,6 +98,13 @@ class EpochProtocol:
         if restored_checkpoint_id is not None:
             self.epoch_offset = restored_epoch_offset or 0
             epoch = self.epoch_offset + restored_checkpoint_id
+            if self.store.is_invalidated(s.operator, epoch):
+                raise CheckpointError(
+                    f"Savepoint/checkpoint {restored_checkpoint_id} (epoch {epoch}) of "
+                    f"operator {s.operator!r} can no longer be restored: the job restored an "
+                    "older checkpoint after it was taken, which rolled its state back in "
+                    f"{self.store.describe()}. Restore a later checkpoint or savepoint.")
+            self._invalidate_savepoints_after(epoch)
             removed = self.store.rollback_after(state_ids, s.key_group_start,
                                                 s.key_group_end, epoch)
             # The restored checkpoint completed, even if its notification was lost.
@@ -114,6 +122,7 @@ class EpochProtocol:
             self.store.delete_job_markers(s.operator, s.job_id)
         if committed is None:
             # Only leftovers of attempts that never completed a checkpoint: not state.
+            self._invalidate_savepoints_after(-1)
             self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
             self.epoch_offset = 0
             return
@@ -121,17 +130,31 @@ class EpochProtocol:
         if policy == "fail":
             raise fresh_start_conflict(self.store, self.options, s.operator, committed)
         if policy == "truncate":
+            self._invalidate_savepoints_after(-1)
             self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
             if s.subtask_index == 0:
                 self.store.delete_commit_markers(s.operator)
             self.epoch_offset = 0
             return
+        self._invalidate_savepoints_after(committed)
         removed = self.store.rollback_after(state_ids, s.key_group_start, s.key_group_end,
                                             committed)
-        self.epoch_offset = committed
+        # New epochs must not collide with any epoch named by a marker, pin or mark.
+        self.epoch_offset = max(committed, self.store.highest_marked_epoch(s.operator) or 0)
         self.restored_epoch = committed
         log.info("pyflink-ndb %s/%d resumed epoch %d, rolled back %d rows", s.operator,
                  s.subtask_index, committed, removed)
+
+    def _invalidate_savepoints_after(self, epoch: int) -> None:
+        """Savepoints newer than `epoch` lose their rows in the coming roll-back: mark them,
+        so that restoring one later fails loudly instead of reading wrong state. (Subtask 0
+        does it for all; a known limit, see README "Savepoints".)"""
+        if self.scope.subtask_index != 0:
+            return
+        lost = self.store.invalidate_savepoints_after(self.scope.operator, epoch)
+        if lost:
+            log.warning("pyflink-ndb %s: rolling back to epoch %d invalidates savepoints at "
+                        "epochs %s", self.scope.operator, epoch, lost)
 
     def prefetch(self, state_ids: Sequence[int]) -> int:
         """Eager restore: copy the subtask's newest versions into tiers 1-2 (clean)."""
@@ -158,6 +181,12 @@ class EpochProtocol:
         :raises CheckpointError: the store failed; the checkpoint must fail.
         """
         epoch = self.epoch_of(checkpoint_id)
+        if self._invalidated is None:
+            self._invalidated = set(self.store.invalidated_epochs(self.scope.operator))
+        if epoch in self._invalidated:
+            # A restore rolled this epoch back earlier; this checkpoint re-uses it.
+            self.store.clear_invalidation(self.scope.operator, epoch)
+            self._invalidated.discard(epoch)
         rows = self.table.dirty_rows(self._json_of)
         limit = self.options.value_max_bytes
         for row in rows:

@@ -408,10 +408,48 @@ class StateStore(ABC):
         self._commit()
 
     def committed_epochs(self, operator: str) -> list[tuple[int, bool]]:
-        """(epoch, is_savepoint) of every marker of `operator`, oldest first."""
+        """(epoch, is_savepoint) of every commit marker and live savepoint pin of
+        `operator`, oldest first."""
         return [(int(e), bool(s)) for e, s in self._query(
             f"SELECT epoch, is_savepoint FROM {self.t_epochs} WHERE operator = ? "
-            "ORDER BY epoch, is_savepoint", (operator,))]
+            f"AND is_savepoint IN (0, 1) ORDER BY epoch, is_savepoint", (operator,))]
+
+    def invalidate_savepoints_after(self, operator: str, epoch: int) -> list[int]:
+        """Turn the pins of savepoints newer than `epoch` into invalidation marks (their
+        rows are being rolled back); returns their epochs."""
+        rows = self._query(f"SELECT epoch FROM {self.t_epochs} WHERE operator = ? AND "
+                           "epoch > ? AND is_savepoint = 1", (operator, epoch))
+        for (pinned,) in rows:
+            self._execute(f"{self._insert_ignore()} INTO {self.t_epochs} (operator, epoch, "
+                          "is_savepoint, committed_at_ms, job_id) VALUES (?, ?, 2, ?, '')",
+                          (operator, pinned, now_ms()))
+            self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch = ? "
+                          "AND is_savepoint = 1", (operator, pinned))
+        self._commit()
+        return [int(e) for (e,) in rows]
+
+    def invalidated_epochs(self, operator: str) -> list[int]:
+        """Epochs of savepoints whose rows a restore rolled back."""
+        return [int(e) for (e,) in self._query(
+            f"SELECT epoch FROM {self.t_epochs} WHERE operator = ? AND is_savepoint = 2",
+            (operator,))]
+
+    def clear_invalidation(self, operator: str, epoch: int) -> None:
+        """Forget the invalidation mark of `epoch`: a new checkpoint re-uses the epoch."""
+        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch = ? AND "
+                      "is_savepoint = 2", (operator, epoch))
+        self._commit()
+
+    def highest_marked_epoch(self, operator: str) -> int | None:
+        """The highest epoch of any marker, pin or invalidation mark of `operator`."""
+        rows = self._query(f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ?",
+                           (operator,))
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def is_invalidated(self, operator: str, epoch: int) -> bool:
+        """True when `epoch` was a savepoint whose rows a later restore rolled back."""
+        return bool(self._query(f"SELECT 1 FROM {self.t_epochs} WHERE operator = ? AND "
+                                "epoch = ? AND is_savepoint = 2", (operator, epoch)))
 
     def latest_committed_epoch(self, operator: str,
                                exclude_job: str | None = None) -> int | None:
@@ -446,9 +484,10 @@ class StateStore(ABC):
         return max(cur.rowcount, 0)
 
     def delete_commit_markers(self, operator: str, after_epoch: int = -1) -> None:
-        """Remove commit markers of `operator` newer than `after_epoch` (all by default)."""
-        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch > ?",
-                      (operator, after_epoch))
+        """Remove commit markers and pins of `operator` newer than `after_epoch` (all by
+        default); invalidation marks stay."""
+        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch > ? "
+                      "AND is_savepoint IN (0, 1)", (operator, after_epoch))
         self._commit()
 
     # -- roll-back and garbage collection ------------------------------------------------
