@@ -1,9 +1,10 @@
 """Wrappers that run the user's keyed function on tiered state.
 
 The wrapper is what PyFlink pickles; inside the TaskManager its `open()` claims the
-backend the bridge bound on this task thread, hands the user a
-:class:`TieredRuntimeContext`, and before each record or timer tells the backend the
-current key.
+backend the bridge bound on this task thread and hands the user a
+:class:`TieredRuntimeContext`. Before each record the backend learns the current key: from
+the record itself when the bridge could hook the operation (no call into Java), otherwise
+from `ctx.get_current_key()`; before each timer always from the timer context.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pyflink_ndb.api.context import TieredRuntimeContext
 from pyflink_ndb.runtime.bridge import claim_bound_backend
 
 
-class TieredKeyedProcessFunction(KeyedProcessFunction):
-    """Runs `function` (a `KeyedProcessFunction`) with tiered keyed state."""
+class _TieredFunction:
+    """Life cycle shared by the wrappers: `function` is the user's keyed function."""
 
-    def __init__(self, function: KeyedProcessFunction) -> None:
+    def __init__(self, function: Any) -> None:
         self.function = function
         self._backend: Any = None
 
@@ -30,40 +31,30 @@ class TieredKeyedProcessFunction(KeyedProcessFunction):
     def close(self) -> None:
         self.function.close()
 
-    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:
+    def _record_key(self, ctx: Any) -> None:
         if not self._backend.keys_from_records:
             self._backend.set_current_key(ctx.get_current_key())
-        return self.function.process_element(value, ctx)
 
-    def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext) -> Any:
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
         self._backend.set_current_key(ctx.get_current_key())
         return self.function.on_timer(timestamp, ctx)
 
 
-class TieredKeyedCoProcessFunction(KeyedCoProcessFunction):
+class TieredKeyedProcessFunction(_TieredFunction, KeyedProcessFunction):
+    """Runs `function` (a `KeyedProcessFunction`) with tiered keyed state."""
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:
+        self._record_key(ctx)
+        return self.function.process_element(value, ctx)
+
+
+class TieredKeyedCoProcessFunction(_TieredFunction, KeyedCoProcessFunction):
     """Runs `function` (a `KeyedCoProcessFunction`) with tiered keyed state."""
 
-    def __init__(self, function: KeyedCoProcessFunction) -> None:
-        self.function = function
-        self._backend: Any = None
-
-    def open(self, runtime_context: RuntimeContext) -> None:
-        self._backend = claim_bound_backend()
-        self.function.open(TieredRuntimeContext(runtime_context, self._backend))
-
-    def close(self) -> None:
-        self.function.close()
-
     def process_element1(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
-        if not self._backend.keys_from_records:
-            self._backend.set_current_key(ctx.get_current_key())
+        self._record_key(ctx)
         return self.function.process_element1(value, ctx)
 
     def process_element2(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
-        if not self._backend.keys_from_records:
-            self._backend.set_current_key(ctx.get_current_key())
+        self._record_key(ctx)
         return self.function.process_element2(value, ctx)
-
-    def on_timer(self, timestamp: int, ctx: KeyedCoProcessFunction.OnTimerContext) -> Any:
-        self._backend.set_current_key(ctx.get_current_key())
-        return self.function.on_timer(timestamp, ctx)
