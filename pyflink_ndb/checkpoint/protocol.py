@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pyflink_ndb.checkpoint.gc import VersionLedger
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, NamespaceInUseError, ValueTooLargeError
-from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, now_ms
+from pyflink_ndb.stores.base import StateStore, now_ms
 from pyflink_ndb.tiers.table import TieredTable
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,6 @@ class EpochProtocol:
         self.epoch_offset = 0
         self.restored_epoch: int | None = None
         self.ledger = VersionLedger()
-        self._pending: dict[int, bool] = {}  # epoch -> is_savepoint, snapshotted not complete
         self._ttl_states: set[int] = set()
         self._invalidated: set[int] | None = None
         self._json_of: Callable[[int, bytes], str | None] = lambda sid, value: None
@@ -188,21 +187,8 @@ class EpochProtocol:
             self.store.clear_invalidation(self.scope.operator, epoch)
             self._invalidated.discard(epoch)
         rows = self.table.dirty_rows(self._json_of)
-        limit = self.options.value_max_bytes
-        for row in rows:
-            if row.value is not None and len(row.value) > limit:
-                raise ValueTooLargeError(
-                    f"A value of {len(row.value)} bytes (state id {row.state_id}) exceeds "
-                    f"state.backend.ndb.value.max-bytes={limit}; checkpoint {checkpoint_id} "
-                    "wrote nothing. Store smaller values or raise the limit.")
-            if len(row.ukey) > MAX_UKEY_BYTES:
-                raise ValueTooLargeError(
-                    f"An encoded key of {len(row.ukey)} bytes (state id {row.state_id}) "
-                    f"exceeds the limit of {MAX_UKEY_BYTES} bytes (primary-key size of "
-                    f"InnoDB/NDB); checkpoint {checkpoint_id} wrote nothing. Use a shorter "
-                    "key.")
         try:
-            self.store.write_epoch(epoch, rows)
+            self.store.write_epoch(epoch, rows, self.options.value_max_bytes)
         except ValueTooLargeError:
             raise
         except Exception as err:
@@ -216,7 +202,6 @@ class EpochProtocol:
             # Pin now: Flink notifies completion of a savepoint only on stop-with-savepoint.
             self.store.commit_epoch(self.scope.operator, epoch, is_savepoint=True,
                                     job_id=self.scope.job_id)
-        self._pending[epoch] = is_savepoint
         self.last_snapshot_rows = len(rows)
         self.snapshots += 1
         return len(rows)
@@ -224,8 +209,6 @@ class EpochProtocol:
     def complete(self, checkpoint_id: int) -> None:
         """Commit marker for the checkpoint, then garbage collection."""
         epoch = self.epoch_of(checkpoint_id)
-        for done in [e for e in self._pending if e <= epoch]:
-            self._pending.pop(done)  # older ones are subsumed by the completed epoch
         self.store.commit_epoch(self.scope.operator, epoch, job_id=self.scope.job_id)
         self.completed += 1
         self.collect_garbage()

@@ -346,10 +346,6 @@ class StateStore(ABC):
 
     # -- writes ---------------------------------------------------------------------------
     def _row_params(self, epoch: int, row: WriteRow) -> Iterable[tuple[Any, ...]]:
-        if len(row.ukey) > MAX_UKEY_BYTES:
-            raise ValueTooLargeError(
-                f"An encoded key of {len(row.ukey)} bytes exceeds the limit of "
-                f"{MAX_UKEY_BYTES} bytes (primary-key size of InnoDB/NDB); use a shorter key.")
         if row.tombstone or row.value is None:
             yield (row.key_group, row.state_id, row.ukey, epoch, 0, 1, 1, row.expires_at_ms,
                    FORMAT_VERSION, None, None, row.key_json)
@@ -363,13 +359,28 @@ class StateStore(ABC):
                    row.value_json if chunk == 0 and chunks == 1 else None,
                    row.key_json if chunk == 0 else None)
 
-    def write_epoch(self, epoch: int, rows: Iterable[WriteRow]) -> int:
+    def write_epoch(self, epoch: int, rows: Sequence[WriteRow],
+                    value_max_bytes: int | None = None) -> int:
         """Write entries as versions of `epoch` (idempotent upserts) and commit.
 
-        Rows are sent in transactions of at most `write_batch_rows` rows and
-        :data:`MAX_BATCH_BYTES` bytes. Returns the number of database rows written; returns
-        only when every row is committed.
+        Every row is checked first: an encoded key over :data:`MAX_UKEY_BYTES` or a value
+        over `value_max_bytes` (None: no limit) raises :class:`ValueTooLargeError` before
+        anything is written. Rows are sent in transactions of at most `write_batch_rows`
+        rows and :data:`MAX_BATCH_BYTES` bytes. Returns the number of database rows written;
+        returns only when every row is committed.
         """
+        for row in rows:
+            if len(row.ukey) > MAX_UKEY_BYTES:
+                raise ValueTooLargeError(
+                    f"An encoded key of {len(row.ukey)} bytes (state id {row.state_id}) "
+                    f"exceeds the limit of {MAX_UKEY_BYTES} bytes (primary-key size of "
+                    f"InnoDB/NDB); epoch {epoch} wrote nothing. Use a shorter key.")
+            if (value_max_bytes is not None and row.value is not None
+                    and len(row.value) > value_max_bytes):
+                raise ValueTooLargeError(
+                    f"A value of {len(row.value)} bytes (state id {row.state_id}) exceeds "
+                    f"state.backend.ndb.value.max-bytes={value_max_bytes}; epoch {epoch} "
+                    "wrote nothing. Store smaller values or raise the limit.")
         sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, epoch, chunk, "
                "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) "
                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
