@@ -31,13 +31,13 @@ from pyflink_ndb.config import (
     to_flink_keys,
 )
 from pyflink_ndb.errors import ConfigurationError
+from pyflink_ndb.runtime.bridge import DEFAULT_URL_KEY, OPERATOR_KEY
 from pyflink_ndb.stores.factory import open_store
 
 #: The bridge jar shipped inside the package (built by `make jar`).
 BRIDGE_JAR = Path(__file__).resolve().parent.parent / "jars" / "pyflink-ndb-bridge.jar"
 _BRIDGE_PACKAGE = "io.pyflinkndb.bridge"
-#: Option key (inside the operator's options JSON) carrying the stable operator name.
-OPERATOR_KEY = "pyflink-ndb.operator"
+
 
 
 def bridge_jar() -> Path:
@@ -53,15 +53,24 @@ def bridge_jar() -> Path:
 
 
 def _job_options(j_conf: Any, options: NdbStateOptions | Mapping[str, Any] | None
-                 ) -> NdbStateOptions:
+                 ) -> tuple[NdbStateOptions, dict[str, Any]]:
+    """(validated options, the `state.backend.ndb.*` keys the client was given).
+
+    Only given keys travel with the job, so that keys a job leaves unset can come from the
+    TaskManagers' flink-conf.yaml; a relative SQLite path is resolved here.
+    """
     env_keys = {k: v for k, v in dict(j_conf.toMap()).items()
                 if k.startswith(PREFIX) or k == "state.checkpoints.num-retained"}
     if isinstance(options, NdbStateOptions):
         explicit = to_flink_keys(options)
     else:
         explicit = dict(options or {})
-    resolved = from_flink_keys(env_keys, explicit)
-    return resolved.replace(url=resolve_sqlite_url(resolved.url))
+    given = {**env_keys, **explicit}
+    resolved = from_flink_keys(given)
+    resolved = resolved.replace(url=resolve_sqlite_url(resolved.url))
+    if PREFIX + "url" in given:
+        given[PREFIX + "url"] = resolved.url
+    return resolved, given
 
 
 def _prepare(stream: Any, function: Any, uid: str | None,
@@ -77,9 +86,9 @@ def _prepare(stream: Any, function: Any, uid: str | None,
     if not j_conf.containsKey("python.executable"):
         # Restarted tasks need the same interpreter (see README, "Thread mode").
         j_conf.setString("python.executable", sys.executable)
-    resolved = _job_options(j_conf, options)
+    resolved, given = _job_options(j_conf, options)
     operator = uid or f"{type(function).__module__}.{type(function).__qualname__}"
-    if check_store:
+    if check_store and PREFIX + "url" in given:
         store = open_store(resolved)
         try:
             if not j_conf.containsKey("execution.savepoint.path"):
@@ -88,9 +97,9 @@ def _prepare(stream: Any, function: Any, uid: str | None,
             store.close()
     jar = bridge_jar()
     _pyflink.add_jar(stream, jar.as_uri())
-    keys = to_flink_keys(resolved)
-    keys[PREFIX + "url"] = resolved.url
+    keys = {k: str(v) for k, v in given.items()}
     keys[OPERATOR_KEY] = operator
+    keys[DEFAULT_URL_KEY] = resolved.url
     return j_conf, json.dumps(keys, sort_keys=True)
 
 
@@ -120,9 +129,11 @@ def process(keyed_stream: KeyedStream, function: KeyedProcessFunction,
     :param name: display name of the operator (default "NDB KEYED PROCESS").
     :param options: `NdbStateOptions` or a dict of `state.backend.ndb.*` keys; they override
         the environment's configuration (flink-conf.yaml, `Configuration`).
-    :param check_store: open the store once now, so that a wrong URL, an unreachable
-        database or (without `execution.savepoint.path`) a fresh start on a namespace that
-        `on-fresh-start: fail` forbids fails when the job is built (default True).
+    :param check_store: when the client is given a URL, open the store once now, so that
+        a wrong URL, an unreachable database or (without `execution.savepoint.path`) a
+        fresh start that `on-fresh-start: fail` forbids fails when the job is built
+        (default True). Without a URL on the client the TaskManagers' configuration
+        decides, and the subtasks check it when they open.
     :returns: the output stream.
     :raises ConfigurationError: process mode, an unknown `state.backend.ndb.*` key, a bad
         value or a missing bridge jar.

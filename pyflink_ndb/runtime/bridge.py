@@ -12,12 +12,17 @@ import logging
 import threading
 from typing import Any
 
-from pyflink_ndb.config import from_flink_keys
+from pyflink_ndb.config import PREFIX, from_flink_keys
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.backend import BindInfo, KeyGroupOracle, SubtaskStateBackend
 
 log = logging.getLogger(__name__)
 _slot = threading.local()
+
+
+#: Keys of the job's options JSON written by pyflink_ndb.api.stream (not Flink options).
+OPERATOR_KEY = "pyflink-ndb.operator"
+DEFAULT_URL_KEY = "pyflink-ndb.default-url"
 
 
 def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
@@ -29,7 +34,8 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
     cluster = info.get("cluster_options") or {}
     local_dirs = info.get("local_dirs") or []
     job_options = dict(options)
-    operator = job_options.pop("pyflink-ndb.operator", None) or info.get("operator_id")
+    operator = job_options.pop(OPERATOR_KEY, None) or info.get("operator_id")
+    default_url = job_options.pop(DEFAULT_URL_KEY, None)
     bind = BindInfo(
         operator=str(operator),
         subtask_index=int(info.get("subtask_index", 0)),
@@ -45,6 +51,8 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
         job_id=str(info.get("job_id", "local")),
     )
     merged = {**cluster, **job_options}
+    if default_url and PREFIX + "url" not in merged:
+        merged[PREFIX + "url"] = default_url
     return merged, bind
 
 

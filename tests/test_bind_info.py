@@ -1,0 +1,39 @@
+"""How the bridge's bind info becomes options: job keys over the TaskManager's keys, and
+the client's resolved default URL only when neither sets one."""
+
+from __future__ import annotations
+
+import json
+
+from pyflink_ndb.config import from_flink_keys
+from pyflink_ndb.runtime.bridge import parse_bind_info
+
+BASE = {"operator_id": "abc", "subtask_index": 1, "parallelism": 2, "max_parallelism": 128,
+        "attempt": 0, "key_group_start": 64, "key_group_end": 127,
+        "restored_checkpoint_id": 7, "restored_epoch_offset": None,
+        "checkpointing_enabled": True, "local_dirs": ["/tmp/x"], "job_id": "j1"}
+
+
+def bind(job: dict, cluster: dict) -> tuple[dict, object]:
+    return parse_bind_info(json.dumps({**BASE, "options": json.dumps(job),
+                                       "cluster_options": cluster}))
+
+
+def test_job_options_override_the_taskmanager_and_name_the_operator():
+    keys, info = bind({"state.backend.ndb.cache.max-entries": "5",
+                       "pyflink-ndb.operator": "counter",
+                       "pyflink-ndb.default-url": "sqlite:////tmp/default.sqlite"},
+                      {"state.backend.ndb.cache.max-entries": "50",
+                       "state.backend.ndb.url": "mysql://root@db:3306/state"})
+    options = from_flink_keys(keys)
+    assert options.cache_max_entries == 5
+    assert options.url == "mysql://root@db:3306/state"
+    assert info.operator == "counter" and info.restored_checkpoint_id == 7
+    assert (info.key_group_start, info.key_group_end, info.local_dir) == (64, 127, "/tmp/x")
+
+
+def test_the_client_default_url_applies_only_when_nobody_sets_one():
+    keys, _ = bind({"pyflink-ndb.default-url": "sqlite:////tmp/default.sqlite"}, {})
+    assert from_flink_keys(keys).url == "sqlite:////tmp/default.sqlite"
+    keys, info = bind({}, {})
+    assert "state.backend.ndb.url" not in keys and info.operator == "abc"
