@@ -12,7 +12,7 @@ export PYFLINK_NDB_TEST_MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 # Thread mode wants the virtualenv's interpreter first on PATH (see README, "Thread mode").
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv jar db demo test lint clean
+.PHONY: venv jar db demo test lint clean cluster-up cluster-down cluster-demo
 
 venv: $(VENV)/.installed
 
@@ -36,6 +36,24 @@ demo: venv jar
 
 test: venv jar db
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# A local standalone Flink cluster from the apache-flink wheel (see README, "Run on a local
+# cluster"); `cluster-demo` submits the flight-delays job to it with `flink run` (state in
+# the MySQL-protocol server) and prints the committed-state summary.
+CLUSTER_URL ?= $(PYFLINK_NDB_TEST_MYSQL_URL)
+CLUSTER_NAMESPACE ?= flights_cluster
+CLUSTER_JOB_ARGS ?=
+
+cluster-up: venv jar
+	bash scripts/cluster.sh up
+
+cluster-down:
+	bash scripts/cluster.sh down
+
+cluster-demo: venv jar db
+	bash scripts/cluster.sh status >/dev/null || bash scripts/cluster.sh up
+	bash scripts/cluster.sh flink run -py jobs/flight_delays.py --url "$(CLUSTER_URL)" \
+		--namespace "$(CLUSTER_NAMESPACE)" $(CLUSTER_JOB_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check pyflink_ndb tests jobs
