@@ -12,7 +12,7 @@ export PYFLINK_NDB_TEST_MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 # Thread mode wants the virtualenv's interpreter first on PATH (see README, "Thread mode").
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv jar db demo test lint clean cluster-up cluster-down cluster-demo
+.PHONY: venv jar db demo test lint clean bench cluster-up cluster-down cluster-demo
 
 venv: $(VENV)/.installed
 
@@ -55,8 +55,13 @@ cluster-demo: venv jar db
 	bash scripts/cluster.sh flink run -py jobs/flight_delays.py --url "$(CLUSTER_URL)" \
 		--namespace "$(CLUSTER_NAMESPACE)" $(CLUSTER_JOB_ARGS)
 
+# A benchmark, not a test: about 20 minutes (QUICK=1: a few minutes); see README, "Benchmarks".
+bench: venv jar db
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS) --mysql-url "$(PYFLINK_NDB_TEST_MYSQL_URL)"
+
 lint: venv
-	$(VENV)/bin/ruff check pyflink_ndb tests jobs
+	$(VENV)/bin/ruff check pyflink_ndb tests jobs bench
 	$(VENV)/bin/mypy pyflink_ndb
 
 clean:

@@ -1,0 +1,63 @@
+"""Module-level functions of the benchmark jobs (pickled by reference, never by value:
+cloudpickle shares closure cells and class attributes of dynamic classes between the
+subtasks that unpickle them, so nothing mutable lives outside instance attributes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pyflink.common import Types
+from pyflink.datastream import KeyedProcessFunction, RuntimeContext
+from pyflink.datastream.state import ValueStateDescriptor
+
+#: Keys of this prefix mark the end of the input of the state-building job.
+END_PREFIX = "end-"
+PAYLOAD = "x" * 100
+
+
+def parse_key_line(line: str) -> str | None:
+    """A line of a generated key file: the key itself (None for an empty line)."""
+    key = line.strip()
+    return key or None
+
+
+class KeyedCounter(KeyedProcessFunction):
+    """A ValueState of (updates, 100-character payload) per key.
+
+    `marker_dir`: per subtask, writes `end-<i>` when the first key starting with
+    :data:`END_PREFIX` arrives (all the subtask's earlier records are then processed: the
+    input comes from one source split, in order) and `first-<i>` holding `time.time()`
+    after the first record's state access (restore time probe).
+    """
+
+    def __init__(self, marker_dir: str) -> None:
+        self.marker_dir = marker_dir
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.state = runtime_context.get_state(
+            ValueStateDescriptor("counter", Types.PICKLED_BYTE_ARRAY()))
+        self.subtask = runtime_context.get_index_of_this_subtask()
+        self.first_done = False
+        self.end_done = False
+
+    def _mark(self, name: str, text: str) -> None:
+        path = Path(self.marker_dir) / f"{name}-{self.subtask}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:
+        if value.startswith(END_PREFIX):
+            if not self.end_done:
+                self.end_done = True
+                self._mark("end", "1")
+            return
+        current = self.state.value()
+        self.state.update((1 if current is None else current[0] + 1, PAYLOAD))
+        if not self.first_done:
+            self.first_done = True
+            self._mark("first", repr(time.time()))
+        yield value
