@@ -128,15 +128,24 @@ def committed_aircraft(options: Mapping[str, Any]) -> dict[str, tuple[int, int, 
               help="Checkpoint interval in ms (0: off).")
 @click.option("--limit", type=int, default=None, help="Only the first N flights.")
 @click.option("--cache-entries", default=10_000, show_default=True)
+@click.option("--throttle-ms", default=0.0, show_default=True,
+              help="Wait this long per record (keeps a short run going long enough to stop "
+                   "it with a savepoint).")
 def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: int | None,
-         cache_entries: int) -> None:
-    """Run the flight-delays job on the MiniCluster and print a summary."""
+         cache_entries: int, throttle_ms: float) -> None:
+    """Run the flight-delays job and print a summary: on the MiniCluster when started with
+    python, on the cluster when submitted with `flink run -py`."""
     csv_path = flights_csv(limit)
     options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
                "state.backend.ndb.on-fresh-start": "truncate",
                "state.backend.ndb.cache.max-entries": str(cache_entries)}
     env = make_environment(parallelism, checkpoint_ms)
-    build(env, csv_path, options)
+    function = AircraftDelays()
+    if throttle_ms > 0:
+        from pyflink_ndb.testing import Throttled
+
+        function = Throttled(function, per_record_ms=throttle_ms)
+    build(env, csv_path, options, function)
     started = time.monotonic()
     result = env.execute("flight-delays")
     elapsed_s = time.monotonic() - started

@@ -1,0 +1,229 @@
+"""The cluster path: a real local standalone Flink cluster started from the apache-flink
+wheel by `scripts/cluster.sh`, the flight-delays job submitted to it with `flink run -py`,
+state in the MySQL-protocol server; the committed state read back must equal what pandas
+computes from the same CSV lines. Also: stop with a savepoint at parallelism 2 (`flink
+stop --savepointPath`) and restore it at parallelism 3 (`flink run -s`), exact state.
+
+The cluster runs in its own folder and on its own ports (var/cluster-test, REST 18081,
+RPC 16123), so a cluster started with `make cluster-up` is left alone. It is always
+stopped at the end; if it cannot start, the tests fail with the tail of its logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from jobs.flight_data import flights_csv
+from jobs.flight_delays import OPERATOR_UID, committed_aircraft
+from pyflink_ndb.config import from_flink_keys
+from pyflink_ndb.stores.factory import open_store
+
+pytestmark = pytest.mark.flink
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_DIR = ROOT / "var" / "cluster-test"
+REST_PORT = 18081
+REST = f"http://localhost:{REST_PORT}"
+LIMIT = 20_000
+SCRIPT = [str(ROOT / "scripts" / "cluster.sh")]
+
+
+def cluster_env() -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+            "VENV": str(Path(sys.executable).parent.parent),
+            "CLUSTER_DIR": str(CLUSTER_DIR), "FLINK_REST_PORT": str(REST_PORT),
+            "FLINK_RPC_PORT": "16123", "FLINK_TASK_SLOTS": "3", "CLUSTER_TIMEOUT_S": "90"}
+
+
+def log_tail(lines: int = 30) -> str:
+    out = []
+    for log in sorted((CLUSTER_DIR / "log").glob("*")):
+        if log.is_file() and log.stat().st_size:
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"---- {log.name}\n" + "\n".join(text))
+    return "\n".join(out)
+
+
+def script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", *SCRIPT, *args], env=cluster_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def flink(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    """The wheel's `flink` CLI pointed at the test cluster."""
+    return script("flink", *args, timeout=timeout)
+
+
+def rest(path: str) -> Any:
+    with urllib.request.urlopen(REST + path, timeout=5) as response:
+        return json.load(response)
+
+
+def job_args(url: str, namespace: str, parallelism: int, *extra: str) -> list[str]:
+    return ["-py", str(ROOT / "jobs" / "flight_delays.py"), "--url", url,
+            "--namespace", namespace, "--limit", str(LIMIT), "--parallelism", str(parallelism),
+            "--checkpoint-ms", "500", "--cache-entries", "500", *extra]
+
+
+def expected(csv: Path) -> dict[str, tuple[int, int, int, str]]:
+    """(flights, total delay, max delay, last destination) per aircraft, by pandas."""
+    frame = pd.read_csv(csv, usecols=["tailnum", "dep_delay", "dest"])
+    departed = frame.dropna(subset=["tailnum", "dep_delay"])
+    grouped = departed.groupby("tailnum", sort=False)
+    return {tail: (int(len(g)), int(g["dep_delay"].sum()), int(g["dep_delay"].max()),
+                   str(g["dest"].iloc[-1])) for tail, g in grouped}
+
+
+def assert_exact(actual: dict[str, Any], wanted: dict[str, Any]) -> None:
+    missing = sorted(set(wanted) - set(actual))
+    extra = sorted(set(actual) - set(wanted))
+    wrong = sorted(t for t in wanted.keys() & actual.keys() if wanted[t] != actual[t])
+    assert (missing, extra, wrong) == ([], [], []), (
+        f"{len(missing)} missing, {len(extra)} extra, {len(wrong)} wrong; e.g. "
+        f"{[(t, wanted.get(t), actual.get(t)) for t in (missing + extra + wrong)[:5]]}")
+
+
+def job_id(output: str) -> str:
+    found = re.search(r"Job has been submitted with JobID ([0-9a-f]{32})", output)
+    assert found, f"no JobID in the output of flink run:\n{output[-3000:]}"
+    return found.group(1)
+
+
+def completed_checkpoints(jid: str) -> int:
+    return int(rest(f"/jobs/{jid}/checkpoints")["counts"]["completed"])
+
+
+def check_run(done: subprocess.CompletedProcess[str]) -> str:
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, (
+        f"flink run failed ({done.returncode}):\n{output[-4000:]}\n{log_tail()}")
+    return output
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[str]:
+    """A standalone cluster from the wheel (3 slots), stopped at the end in any case."""
+    script("down", timeout=60)  # a leftover of an interrupted run
+    try:
+        started = time.monotonic()
+        try:
+            up = script("up", timeout=150)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"scripts/cluster.sh up did not return in 150 s\n{log_tail()}",
+                        pytrace=False)
+        if up.returncode != 0:
+            pytest.fail(f"the cluster did not start:\n{up.stdout}{up.stderr}\n{log_tail()}",
+                        pytrace=False)
+        print(f"cluster up in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        yield REST
+    finally:
+        script("down", timeout=90)
+
+
+@pytest.fixture
+def namespace(mysql_url: str) -> Iterator[str]:
+    ns = "cluster_" + uuid.uuid4().hex[:8]
+    yield ns
+    from conftest import drop_namespace
+
+    drop_namespace(mysql_url, ns)
+
+
+def test_flink_run_on_cluster_exact_state(cluster: str, mysql_url: str, namespace: str):
+    overview = rest("/overview")
+    assert overview["taskmanagers"] >= 1 and overview["slots-available"] >= 2, overview
+    started = time.monotonic()
+    output = check_run(flink("run", *job_args(mysql_url, namespace, 2)))
+    print(f"flink run: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    jid = job_id(output)
+    # It ran on this cluster (not on a MiniCluster inside the client) and finished there.
+    assert rest(f"/jobs/{jid}")["state"] == "FINISHED"
+    assert completed_checkpoints(jid) >= 1
+    options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace}
+    store = open_store(from_flink_keys(options))
+    try:
+        assert store.committed_epochs(OPERATOR_UID), "no commit marker in the store"
+    finally:
+        store.close()
+    assert_exact(committed_aircraft(options), expected(flights_csv(LIMIT)))
+
+
+def wait_for_running_job(proc: subprocess.Popen[str], timeout_s: float = 60) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = [j["jid"] for j in rest("/jobs/overview")["jobs"] if j["state"] == "RUNNING"]
+        if running:
+            return str(running[0])
+        assert proc.poll() is None, "flink run ended before the job ran"
+        time.sleep(0.2)
+    pytest.fail(f"no running job after {timeout_s} s\n{log_tail()}")
+
+
+def wait_for_checkpoint(jid: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if completed_checkpoints(jid) >= 1:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"no checkpoint completed in {timeout_s} s\n{log_tail()}")
+
+
+def test_stop_with_savepoint_then_restore_at_other_parallelism(
+        cluster: str, mysql_url: str, namespace: str, tmp_path: Path):
+    options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace}
+    csv = flights_csv(LIMIT)
+    wanted = expected(csv)
+
+    # Parallelism 2, slowed down so that it is still running when stopped.
+    first = subprocess.Popen(
+        ["bash", *SCRIPT, "flink", "run", *job_args(mysql_url, namespace, 2,
+                                                    "--throttle-ms", "1")],
+        env=cluster_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(first.stdout or []), daemon=True)
+    reader.start()
+    try:
+        jid = wait_for_running_job(first)
+        wait_for_checkpoint(jid)
+        stop = flink("stop", "--savepointPath", (tmp_path / "savepoints").as_uri(), jid,
+                     timeout=90)
+        stopped = stop.stdout + stop.stderr
+        assert stop.returncode == 0, f"flink stop failed:\n{stopped[-3000:]}\n{log_tail()}"
+        found = re.search(r"Savepoint completed\. Path: (\S+)", stopped)
+        assert found, f"no savepoint path in the output of flink stop:\n{stopped[-3000:]}"
+        savepoint = found.group(1)
+        first.wait(timeout=90)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    reader.join(timeout=10)
+    assert rest(f"/jobs/{jid}")["state"] == "FINISHED", "".join(output)[-3000:]
+
+    part = committed_aircraft(options)
+    flown = sum(v[0] for v in part.values())
+    assert 0 < flown < sum(v[0] for v in wanted.values()), (
+        f"the stopped run committed {flown} flights: not stopped mid-stream")
+
+    # Restore the savepoint at parallelism 3 (unthrottled): exact state at the end.
+    output2 = check_run(flink("run", "-s", savepoint, *job_args(mysql_url, namespace, 3)))
+    jid2 = job_id(output2)
+    assert rest(f"/jobs/{jid2}")["state"] == "FINISHED"
+    assert completed_checkpoints(jid2) >= 1
+    assert_exact(committed_aircraft(options), wanted)
