@@ -3,8 +3,9 @@
 Key identity rule (README, "Keys"): two keys are the same key when they have the same type
 and value, as Flink's pickled keys are compared by their bytes. So `1`, `1.0` and `True`
 are three different keys; every NaN is the same key; `0.0` and `-0.0` differ; `b''`, `''`
-and `None` differ; tuples, lists and `Row`s are compared element by element and differ from
-each other. Map keys must be hashable, as for a Python dict (`TypeError` otherwise).
+and `None` differ; tuples, lists and `Row`s are compared element by element (Rows also
+by field names and RowKind) and differ from each other. Map keys must be hashable, as for
+a Python dict (`TypeError` otherwise).
 
 The encoding is self-delimiting (type tag, then a length where needed), so an encoded key
 is never a prefix of another encoded key and composite keys can be concatenated.
@@ -82,7 +83,7 @@ def _encode(value: Any, out: bytearray) -> None:
         out += b"z" + _varint(len(parts)) + b"".join(parts)
     elif _is_row(value):
         names = value._fields if getattr(value, "_fields", None) else None
-        out += b"r" + _varint(len(value))
+        out += b"r" + bytes([value.get_row_kind().value]) + _varint(len(value))
         _encode(tuple(names) if names else None, out)
         for item in value:
             _encode(item, out)
@@ -174,17 +175,18 @@ def _decode(data: bytes, pos: int) -> tuple[Any, int]:
             return items, pos
         return frozenset(items), pos
     if tag == b"r":
-        from pyflink.common import Row
+        from pyflink.common import Row, RowKind
 
-        count, pos = _read_varint(data, pos)
+        kind = RowKind(data[pos])
+        count, pos = _read_varint(data, pos + 1)
         names, pos = _decode(data, pos)
         items = []
         for _ in range(count):
             item, pos = _decode(data, pos)
             items.append(item)
-        if names:
-            return Row(**dict(zip(names, items, strict=True))), pos
-        return Row(*items), pos
+        row = Row(**dict(zip(names, items, strict=True))) if names else Row(*items)
+        row.set_row_kind(kind)
+        return row, pos
     raise SerializationError(f"Corrupt key bytes: unknown tag {tag!r} at offset {pos - 1}.")
 
 
