@@ -501,9 +501,14 @@ def chart(results: dict, path: Path) -> None:
     if rec:
         for kind in ("rocksdb", "ndb-mariadb"):
             ns = sorted(int(k.split("/")[1]) for k in rec if k.startswith(kind + "/"))
-            ax.plot(ns, [rec[f"{kind}/{n}"]["first_record_s"] for n in ns], "o-",
-                    color=COLORS[kind], label=LABELS[kind] + (" (lazy)" if "ndb" in kind
-                                                              else ""))
+            secs = [rec[f"{kind}/{n}"]["first_record_s"] for n in ns]
+            ax.plot(ns, secs, "o-", color=COLORS[kind],
+                    label=LABELS[kind] + (" (lazy)" if "ndb" in kind else ""))
+            for n, v in zip(ns, secs, strict=True):
+                ax.annotate(f"{v:.2f} s", (n, v), textcoords="offset points",
+                            xytext=(6, 6 if "ndb" in kind else -12), fontsize=8,
+                            color=COLORS[kind])
+        ax.margins(x=0.12, y=0.15)
         ax.set_xlabel("keys in the restored savepoint (0 = fresh start)")
         ax.set_ylabel("s from submit to first record")
         ax.set_ylim(bottom=0)
@@ -514,10 +519,15 @@ def chart(results: dict, path: Path) -> None:
     if snap:
         for kind in ("ndb-sqlite", "ndb-mariadb"):
             ns = sorted(int(k.split("/")[1]) for k in snap if k.startswith(kind + "/"))
-            ax.plot(ns, [snap[f"{kind}/{n}"]["median_s"] * 1000 for n in ns], "o-",
-                    color=COLORS[kind], label=LABELS[kind])
+            ms = [snap[f"{kind}/{n}"]["median_s"] * 1000 for n in ns]
+            ax.plot(ns, ms, "o-", color=COLORS[kind], label=LABELS[kind])
+            for n, v in zip(ns, ms, strict=True):
+                ax.annotate(f"{v:,.0f} ms", (n, v), textcoords="offset points",
+                            xytext=(6, -12 if "sqlite" in kind else 6), fontsize=8,
+                            color=COLORS[kind])
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.margins(x=0.15, y=0.15)
         ax.set_xlabel("dirty ValueState entries")
         ax.set_ylabel("snapshot pause (ms, median)")
         ax.legend(fontsize=8)
@@ -527,11 +537,11 @@ def chart(results: dict, path: Path) -> None:
     if sql:
         labels = ["PK read", "committed view\nby kjson"]
         values = [sql["pk"]["reads_per_s"], sql["view"]["reads_per_s"]]
-        bars = ax.bar(labels, values, color=[COLORS["ndb-mariadb"], "#8172b3"])
-        ax.bar_label(bars, labels=[f"{v:,.0f}/s\np99 {sql[k]['p99_ms']:.2f} ms"
+        bars = ax.bar(labels, values, color=[COLORS["ndb-mariadb"], "#8172b3"], width=0.5)
+        ax.bar_label(bars, labels=[f"{v:,.0f}/s, p99 {sql[k]['p99_ms']:.2f} ms"
                                    for v, k in zip(values, ("pk", "view"), strict=True)],
-                     fontsize=8)
-        ax.set_yscale("log")
+                     fontsize=9)
+        ax.set_ylim(0, max(values) * 1.2)
         ax.set_ylabel("reads/s (one connection)")
     ax.set_title("4. Committed-state SQL reads on MariaDB")
     fig.suptitle("pyflink-ndb vs Flink state backends (one run, same machine)")
@@ -559,9 +569,18 @@ def git_commit() -> str:
               type=click.Choice(["throughput", "recovery", "snapshot", "sql"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run.")
+@click.option("--replot", is_flag=True,
+              help="Only redraw summary.md and bench.png from OUT/results.json.")
 def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
-         only: tuple[str, ...]) -> None:
+         only: tuple[str, ...], replot: bool) -> None:
     """Benchmark pyflink-ndb against PyFlink's hashmap and RocksDB backends."""
+    if replot:
+        saved = json.loads((out_dir / "results.json").read_text())
+        (out_dir / "summary.md").write_text(
+            summary_markdown(saved["meta"], saved["results"]) + "\n")
+        chart(saved["results"], out_dir / "bench.png")
+        click.echo((out_dir / "summary.md").read_text())
+        return
     parts = set(only or ("throughput", "recovery", "snapshot", "sql"))
     WORK.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
