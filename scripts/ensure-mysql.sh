@@ -20,16 +20,27 @@ else
     echo "error: no MySQL-protocol server on $host:$port and not root to install one. Start MariaDB/MySQL there (user root, empty password, database $db) or set PYFLINK_NDB_TEST_MYSQL_URL." >&2
     exit 1
   fi
-  if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
+  if [ ! -x /usr/sbin/mariadbd ]; then
     echo "installing mariadb-server from Debian's packages"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server >/dev/null
   fi
-  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
-  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- \
-    --user=mysql --bind-address=127.0.0.1 --port="$port"
+  # An instance of our own (own data folder, loopback only), so that it neither needs nor
+  # disturbs a system server that may run on another port.
+  dir="$(cd "$(dirname "$0")/.." && pwd)/var/mariadb-$port"
+  mkdir -p "$dir"
+  if [ ! -d "$dir/data/mysql" ]; then
+    mariadb-install-db --no-defaults --datadir="$dir/data" --user=root \
+      --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 \
+      || { echo "error: mariadb-install-db failed, see $dir/install.log" >&2; exit 1; }
+  fi
+  nohup /usr/sbin/mariadbd --no-defaults --datadir="$dir/data" --socket="$dir/mysqld.sock" \
+    --pid-file="$dir/mysqld.pid" --port="$port" --bind-address=127.0.0.1 --user=root \
+    >"$dir/mariadbd.log" 2>&1 &
   for _ in $(seq 1 60); do answers && break; sleep 1; done
-  answers || { echo "error: MariaDB did not start on $host:$port" >&2; exit 1; }
+  answers || { echo "error: MariaDB did not start on $host:$port, see $dir/mariadbd.log" >&2; exit 1; }
+  mariadb --no-defaults --socket="$dir/mysqld.sock" -uroot \
+    -e "CREATE DATABASE IF NOT EXISTS \`$db\`" || true
   echo "started MariaDB on $host:$port"
 fi
 # The test database and password-less root over TCP, as the tests expect.
