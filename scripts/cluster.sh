@@ -128,6 +128,7 @@ up() {
         sleep 1
     done
     log_tail
+    "$FLINK_HOME/bin/stop-cluster.sh" >/dev/null 2>&1 || true  # no half-started cluster left
     die "no TaskManager with free slots on $REST_URL after ${TIMEOUT_S}s; logs in $FLINK_LOG_DIR"
 }
 
