@@ -158,7 +158,7 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     resolved = resolved.replace(url=resolve_sqlite_url(resolved.url))
     store = open_store(resolved)
     try:
-        epochs = store.committed_epochs(OPERATOR_UID)
+        latest = store.latest_committed_epoch(OPERATOR_UID)
         rows = store.count_rows()
         where = store.describe()
     finally:
@@ -168,8 +168,8 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     click.echo(f"records:        {records} flights read ({records / elapsed_s:,.0f} records/s "
                f"wall, job net runtime {net_ms / 1000:.1f} s)")
     click.echo(f"aircraft:       {len(state)} with committed state")
-    click.echo(f"checkpoints:    {len(epochs)} completed (epochs {epochs[0][0] if epochs else '-'}"
-               f"..{epochs[-1][0] if epochs else '-'})")
+    click.echo(f"checkpoints:    the last completed is checkpoint {latest} (epoch = checkpoint "
+               "id; older commit markers are pruned)")
     click.echo(f"state:          {where}, table {namespace}_state, {rows} rows")
     click.echo(f"busiest:        {busiest[0]}: {busiest[1][0]} flights, "
                f"{busiest[1][1]} min total delay, max {busiest[1][2]} min, last to "
