@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
+#: `PATH` as it was before :func:`put_interpreter_first_on_path` (for `doctor`).
+ORIGINAL_PATH = os.environ.get("PATH", "")
+
 
 def put_interpreter_first_on_path() -> bool:
     """Prepend the folder of `sys.executable` to `PATH`; True when `PATH` changed."""

@@ -80,5 +80,23 @@ def release_savepoint(url: str, namespace: str, operator: str, epoch: int) -> No
         store.close()
 
 
+@main.command()
+@click.option("--url", default=None, envvar="PYFLINK_NDB_URL",
+              help="Also check that this store answers (state.backend.ndb.url).")
+def doctor(url: str | None) -> None:
+    """Check what thread-mode jobs with tiered state need on this machine."""
+    from pyflink_ndb.diagnostics import run_checks
+
+    failed = 0
+    for check in run_checks(url):
+        mark = "ok  " if check.ok else "FAIL"
+        click.echo(f"{mark} {check.name}: {check.detail}")
+        if not check.ok:
+            failed += 1
+            click.echo(f"     fix: {check.fix}")
+    if failed:
+        raise click.ClickException(f"{failed} check(s) failed")
+
+
 if __name__ == "__main__":
     main()

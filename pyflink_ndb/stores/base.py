@@ -156,6 +156,17 @@ class StateStore(ABC):
                 f"Namespace {self.namespace!r} in {self.describe()} {what}: {err}. Check "
                 "the URL and namespace, or use a new namespace.") from err
 
+    def check_connection(self) -> str:
+        """Connect once and disconnect; returns :meth:`describe` (for `doctor`).
+
+        :raises StoreUnavailableError: the database cannot be reached.
+        """
+        self._conn = self._connect()
+        try:
+            return self.describe()
+        finally:
+            self.close()
+
     def close(self) -> None:
         conn = getattr(self, "_conn", None)
         self._conn = None
