@@ -190,23 +190,30 @@ def run_flights(kind: str, csv: Path, dist: str, mysql_url: str, parallelism: in
     return {"net_s": result.get_net_runtime() / 1000, "wall_s": wall_s}
 
 
-def bench_throughput(limit: int | None, mysql_url: str, parallelism: int) -> dict:
+def bench_throughput(limit: int | None, mysql_url: str, parallelism: int,
+                     repeat: int) -> dict:
     uniform = flights_csv(limit)
     zipf, zipf_info = zipf_csv(uniform)
     out: dict[str, Any] = {"zipf": zipf_info, "runs": {}}
     log("throughput: an untimed warm-up job (JVM, Python worker)")
     run_flights("hashmap", flights_csv(5_000), "warmup", mysql_url, parallelism)
     for dist, csv in (("uniform", uniform), ("zipf", zipf)):
-        records = sum(1 for _ in departed_flights(csv))
-        keys = len({f[0] for f in departed_flights(csv)})
-        out[f"{dist}_records"] = records
-        out[f"{dist}_keys"] = keys
-        for kind in BACKENDS:
-            log(f"throughput {dist} ({records} records, {keys} keys) on {kind}")
-            run = run_flights(kind, csv, dist, mysql_url, parallelism)
-            run["records_per_s"] = records / run["net_s"]
-            out["runs"][f"{kind}/{dist}"] = run
-            log(f"  {run['records_per_s']:,.0f} records/s (net {run['net_s']:.1f} s)")
+        out[f"{dist}_records"] = sum(1 for _ in departed_flights(csv))
+        out[f"{dist}_keys"] = len({f[0] for f in departed_flights(csv)})
+    runs: dict[str, list[dict]] = {}
+    for rep in range(repeat):  # the order of the backends rotates between rounds
+        for dist, csv in (("uniform", uniform), ("zipf", zipf)):
+            for kind in BACKENDS[rep % 4:] + BACKENDS[:rep % 4]:
+                log(f"throughput round {rep + 1}/{repeat}, {dist} "
+                    f"({out[f'{dist}_records']} records) on {kind}")
+                run = run_flights(kind, csv, dist, mysql_url, parallelism)
+                run["records_per_s"] = out[f"{dist}_records"] / run["net_s"]
+                runs.setdefault(f"{kind}/{dist}", []).append(run)
+                log(f"  {run['records_per_s']:,.0f} records/s (net {run['net_s']:.1f} s)")
+    for key, all_runs in runs.items():
+        rates = [r["records_per_s"] for r in all_runs]
+        out["runs"][key] = {"records_per_s": statistics.median(rates), "all": rates,
+                            "net_s": statistics.median(r["net_s"] for r in all_runs)}
     return out
 
 
@@ -298,16 +305,26 @@ def run_recovery(kind: str, n: int, probes: int, mysql_url: str, parallelism: in
     return out
 
 
-def bench_recovery(sizes: list[int], probes: int, mysql_url: str, parallelism: int) -> dict:
+def bench_recovery(sizes: list[int], probes: int, mysql_url: str, parallelism: int,
+                   repeat: int) -> dict:
     log("recovery: an untimed warm-up job")
     run_recovery("rocksdb", 0, probes, mysql_url, parallelism)
     out: dict[str, Any] = {}
-    for n in [0, *sizes]:  # backends alternate so that drift hits both alike
-        for kind in ("rocksdb", "ndb-mariadb"):
-            log(f"recovery {kind}, {n} keys" + (" (fresh start baseline)" if n == 0 else ""))
-            run = run_recovery(kind, n, probes, mysql_url, parallelism)
-            out[f"{kind}/{n}"] = run
-            log(f"  first record {run['first_record_s']:.2f} s after submit")
+    for rep in range(repeat):
+        for n in [0, *sizes]:  # backends alternate so that drift hits both alike
+            kinds = ("rocksdb", "ndb-mariadb") if rep % 2 == 0 else ("ndb-mariadb", "rocksdb")
+            for kind in kinds:
+                log(f"recovery round {rep + 1}/{repeat}, {kind}, {n} keys"
+                    + (" (fresh start baseline)" if n == 0 else ""))
+                run = run_recovery(kind, n, probes, mysql_url, parallelism)
+                log(f"  first record {run['first_record_s']:.2f} s after submit")
+                previous = out.get(f"{kind}/{n}")
+                firsts = (previous["all"] if previous else []) + [run["first_record_s"]]
+                probe_s = (previous["all_probe_net_s"] if previous else []) + [
+                    run["probe_net_s"]]
+                run.update(all=firsts, first_record_s=statistics.median(firsts),
+                           all_probe_net_s=probe_s, probe_net_s=statistics.median(probe_s))
+                out[f"{kind}/{n}"] = run
     return out
 
 
@@ -407,6 +424,7 @@ def summary_markdown(meta: dict, results: dict) -> str:
     lines = [f"# pyflink-ndb benchmark ({'quick' if meta['quick'] else 'full'} run)", "",
              f"{meta['when']}, commit {meta['commit']}, {meta['cpus']} CPUs, "
              f"parallelism {meta['parallelism']}, checkpoints every {CHECKPOINT_MS} ms, "
+             f"median of {meta.get('rounds', 1)} round(s) for throughput and recovery, "
              "pyflink-ndb cache 10,000 entries per subtask. One run on a noisy machine: "
              "read the ratios, not the absolute figures.", ""]
     tp = results.get("throughput")
@@ -569,10 +587,13 @@ def git_commit() -> str:
               type=click.Choice(["throughput", "recovery", "snapshot", "sql"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run.")
+@click.option("--repeat", type=int, default=None,
+              help="Rounds of the throughput and recovery jobs, median reported "
+                   "(default: 3, --quick: 1).")
 @click.option("--replot", is_flag=True,
               help="Only redraw summary.md and bench.png from OUT/results.json.")
 def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
-         only: tuple[str, ...], replot: bool) -> None:
+         only: tuple[str, ...], repeat: int | None, replot: bool) -> None:
     """Benchmark pyflink-ndb against PyFlink's hashmap and RocksDB backends."""
     if replot:
         saved = json.loads((out_dir / "results.json").read_text())
@@ -582,20 +603,23 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         click.echo((out_dir / "summary.md").read_text())
         return
     parts = set(only or ("throughput", "recovery", "snapshot", "sql"))
+    rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     mysql_connection(mysql_url).close()
-    meta = {"quick": quick, "when": time.strftime("%Y-%m-%d %H:%M"), "commit": git_commit(),
+    meta = {"quick": quick, "rounds": rounds, "when": time.strftime("%Y-%m-%d %H:%M"),
+            "commit": git_commit(),
             "cpus": os.cpu_count(), "parallelism": parallelism,
             "python": platform.python_version()}
     results: dict[str, Any] = {}
     started = time.monotonic()
     if "throughput" in parts:
         results["throughput"] = bench_throughput(40_000 if quick else None, mysql_url,
-                                                 parallelism)
+                                                 parallelism, rounds)
     if "recovery" in parts:
         results["recovery"] = bench_recovery([2_000, 10_000] if quick else [10_000, 100_000],
-                                             200 if quick else 1000, mysql_url, parallelism)
+                                             200 if quick else 1000, mysql_url, parallelism,
+                                             rounds)
     if "snapshot" in parts:
         results["snapshot"] = bench_snapshot([1_000, 10_000] if quick
                                              else [1_000, 10_000, 100_000],
