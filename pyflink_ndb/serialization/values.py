@@ -77,8 +77,23 @@ def value_json(value: Any) -> str | None:
     column stays the truth).
     """
     try:
-        text = json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"))
+        # Fast path: a scalar, or a flat tuple/list of scalars (most state values), needs
+        # no recursive conversion; allow_nan=False rejects NaN/inf as _jsonable does.
+        if not _is_flat(value):
+            value = _jsonable(value)
+        text = _ENCODER.encode(value)
         text.encode("utf-8")
         return text
     except (ValueError, RecursionError, UnicodeEncodeError):
         return None
+
+
+_SCALARS = (type(None), bool, int, float, str)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _is_flat(value: Any) -> bool:
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    return (kind is tuple or kind is list) and all(type(v) in _SCALARS for v in value)

@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from cachetools import LRUCache
+
 from pyflink_ndb.serialization.keys import key_json, split_key
 from pyflink_ndb.stores.base import StateStore, WriteRow
 from pyflink_ndb.tiers.cache import WriteBackLRU
@@ -56,6 +58,7 @@ class TieredTable:
         self._spill: dict[EntryId, Entry] = {}
         self._dirty: set[EntryId] = set()
         self._index: dict[tuple[int, bytes], set[bytes]] = {}
+        self._key_json_memo: LRUCache = LRUCache(maxsize=cache_max_entries)
         self.store_reads = 0
         #: Changes with every snapshot: lets a state tell "written in this epoch" apart.
         self.epoch_token = uuid.uuid4().int >> 64
@@ -197,8 +200,16 @@ class TieredTable:
             rows.append(WriteRow(
                 entry.key_group, eid[0], eid[1], entry.value is None, entry.value,
                 None if entry.value is None else json_of(eid[0], entry.value),
-                entry.expires_at_ms, None if entry.value is None else key_json(eid[1])))
+                entry.expires_at_ms, None if entry.value is None else self._key_json(eid[1])))
         return rows
+
+    def _key_json(self, ukey: bytes) -> str | None:
+        """JSON of the Flink key at the start of `ukey`, remembered (keys recur every epoch)."""
+        try:
+            return self._key_json_memo[ukey]
+        except KeyError:
+            found = self._key_json_memo[ukey] = key_json(ukey)
+            return found
 
     def dirty_ids(self) -> list[EntryId]:
         return sorted(self._dirty)
