@@ -54,7 +54,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("local.dir", "local_dir", None,
                "Folder for the RocksDB tier; default: the TaskManager's tmp directory."),
     OptionSpec("write.batch-size", "write_batch_rows", 500,
-               "Rows per INSERT statement and per transaction when a checkpoint is written "
+               "Rows per write batch when a checkpoint is written: multi-row REPLACE "
+               "statements of at most this many rows and 4 MiB, each its own transaction "
                "(NDB fails over-large transactions)."),
     OptionSpec("restore.mode", "restore_mode", "lazy",
                "`lazy`: read each key from the store when first needed; `eager`: prefetch the "
