@@ -128,16 +128,20 @@ def committed_aircraft(options: Mapping[str, Any]) -> dict[str, tuple[int, int, 
               help="Checkpoint interval in ms (0: off).")
 @click.option("--limit", type=int, default=None, help="Only the first N flights.")
 @click.option("--cache-entries", default=10_000, show_default=True)
+@click.option("--on-fresh-start", default="truncate", show_default=True,
+              type=click.Choice(["truncate", "resume", "fail"]),
+              help="state.backend.ndb.on-fresh-start: the demo starts over by default, "
+                   "deleting what an earlier run left in the namespace.")
 @click.option("--throttle-ms", default=0.0, show_default=True,
               help="Wait this long per record (keeps a short run going long enough to stop "
                    "it with a savepoint).")
 def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: int | None,
-         cache_entries: int, throttle_ms: float) -> None:
+         cache_entries: int, on_fresh_start: str, throttle_ms: float) -> None:
     """Run the flight-delays job and print a summary: on the MiniCluster when started with
     python, on the cluster when submitted with `flink run -py`."""
     csv_path = flights_csv(limit)
     options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
-               "state.backend.ndb.on-fresh-start": "truncate",
+               "state.backend.ndb.on-fresh-start": on_fresh_start,
                "state.backend.ndb.cache.max-entries": str(cache_entries)}
     env = make_environment(parallelism, checkpoint_ms)
     function = AircraftDelays()
@@ -174,8 +178,9 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     click.echo(f"busiest:        {busiest[0]}: {busiest[1][0]} flights, "
                f"{busiest[1][1]} min total delay, max {busiest[1][2]} min, last to "
                f"{busiest[1][3]}")
-    click.echo(f"query:          pyflink-ndb query --url '{resolved.url}' --namespace "
-               f"{namespace} --state {STATE_NAME}   (add --sql for the SQL itself)")
+    cli = Path(sys.executable).parent / "pyflink-ndb"
+    click.echo(f"query:          {cli} query --url '{resolved.url}' --namespace {namespace} "
+               f"--state {STATE_NAME}")
 
 
 if __name__ == "__main__":

@@ -74,15 +74,16 @@ def _jar() -> Check:
 
 
 def _store(url: str) -> Check:
-    from pyflink_ndb.config import NdbStateOptions, redact_url, resolve_sqlite_url
+    from pyflink_ndb.config import NdbStateOptions, resolve_sqlite_url
     from pyflink_ndb.errors import NdbStateError
     from pyflink_ndb.stores.factory import create_store
 
     try:
         where = create_store(NdbStateOptions(url=resolve_sqlite_url(url))).check_connection()
     except NdbStateError as err:
-        return Check("store", False, str(err), "fix state.backend.ndb.url or start the database")
-    return Check("store", True, f"{redact_url(url)} answers: {where}")
+        return Check("store", False, str(err),
+                     "see the message above; then run doctor --url again")
+    return Check("store", True, f"answers: {where}")
 
 
 def run_checks(url: str | None = None) -> list[Check]:

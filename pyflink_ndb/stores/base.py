@@ -150,11 +150,15 @@ class StateStore(ABC):
             self._query(f"SELECT state_id, format_version FROM {self.t_catalog} WHERE 1 = 0")
         except Exception as err:
             self._conn.rollback()
-            what = ("has no pyflink-ndb tables" if not create else
-                    "has tables of another layout (another pyflink-ndb format version)")
+            if not create:
+                raise StateCompatibilityError(
+                    f"Namespace {self.namespace!r} in {self.describe()} has no pyflink-ndb "
+                    f"tables ({err}). Check --url and --namespace: the namespace is the "
+                    "prefix of the <namespace>_state table.") from err
             raise StateCompatibilityError(
-                f"Namespace {self.namespace!r} in {self.describe()} {what}: {err}. Check "
-                "the URL and namespace, or use a new namespace.") from err
+                f"Namespace {self.namespace!r} in {self.describe()} has tables of another "
+                f"layout (another pyflink-ndb format version): {err}. Use a new "
+                "state.backend.ndb.namespace, or drop that namespace's tables.") from err
 
     def check_connection(self) -> str:
         """Connect once and disconnect; returns :meth:`describe` (for `doctor`).
