@@ -38,6 +38,8 @@ if str(ROOT) not in sys.path:
 from bench.functions import END_PREFIX, KeyedCounter, parse_key_line  # noqa: E402
 from jobs.flight_data import departed_flights, flights_csv, parse_line  # noqa: E402
 from jobs.flight_delays import OPERATOR_UID, AircraftDelays, make_environment  # noqa: E402
+from pyflink_ndb.config import NdbStateOptions  # noqa: E402
+from pyflink_ndb.stores.factory import create_store  # noqa: E402
 
 WORK = ROOT / "var" / "bench"
 DEFAULT_MYSQL_URL = os.environ.get("PYFLINK_NDB_TEST_MYSQL_URL",
@@ -74,13 +76,11 @@ def drop_namespace(url: str, namespace: str) -> None:
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///"):]).unlink(missing_ok=True)
         return
-    conn = mysql_connection(url)
+    store = create_store(NdbStateOptions(url=url, namespace=namespace))
     try:
-        with conn.cursor() as cur:
-            for suffix in ("state", "epochs", "catalog"):
-                cur.execute(f"DROP TABLE IF EXISTS {namespace}_{suffix}")
+        store.drop_tables()
     finally:
-        conn.close()
+        store.close()
 
 
 def ndb_options(url: str, namespace: str) -> dict[str, str]:

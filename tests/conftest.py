@@ -55,13 +55,17 @@ def mysql_connect(url: str) -> pymysql.connections.Connection:
 
 
 def drop_namespace(url: str, namespace: str) -> None:
-    conn = mysql_connect(url)
+    """Drop a test namespace's tables (a failure that says why when the server is down)."""
+    from pyflink_ndb.errors import StoreUnavailableError
+    from pyflink_ndb.stores.factory import create_store
+
+    store = create_store(NdbStateOptions(url=url, namespace=namespace))
     try:
-        with conn.cursor() as cur:
-            for suffix in ("state", "epochs", "catalog"):
-                cur.execute(f"DROP TABLE IF EXISTS {namespace}_{suffix}")
+        store.drop_tables()
+    except StoreUnavailableError as err:
+        pytest.fail(f"Cannot drop test namespace {namespace!r}: {err}", pytrace=False)
     finally:
-        conn.close()
+        store.close()
 
 
 @pytest.fixture(scope="session")

@@ -160,6 +160,17 @@ class StateStore(ABC):
                 f"layout (another pyflink-ndb format version): {err}. Use a new "
                 "state.backend.ndb.namespace, or drop that namespace's tables.") from err
 
+    def drop_tables(self) -> None:
+        """Drop the namespace's three tables: all its state, markers and catalog, for good.
+
+        :raises StoreUnavailableError: the database cannot be reached.
+        """
+        if getattr(self, "_conn", None) is None:
+            self._conn = self._connect()
+        for table in (self.t_state, self.t_epochs, self.t_catalog):
+            self._execute(f"DROP TABLE IF EXISTS {table}")
+        self._commit()
+
     def check_connection(self) -> str:
         """Connect once and disconnect; returns :meth:`describe` (for `doctor`).
 
