@@ -385,7 +385,7 @@ class StateStore(ABC):
                    row.value_json if chunk == 0 and chunks == 1 else None,
                    row.key_json if chunk == 0 else None)
 
-    def write_epoch(self, epoch: int, rows: Sequence[WriteRow],
+    def write_epoch(self, epoch: int, rows: Iterable[WriteRow],
                     value_max_bytes: int | None = None) -> int:
         """Write entries as versions of `epoch` (idempotent upserts) and commit.
 
@@ -395,6 +395,8 @@ class StateStore(ABC):
         rows and :data:`MAX_BATCH_BYTES` bytes. Returns the number of database rows written;
         returns only when every row is committed.
         """
+        if not isinstance(rows, Sequence):
+            rows = list(rows)  # checked in full before the first write
         for row in rows:
             if len(row.ukey) > MAX_UKEY_BYTES:
                 raise ValueTooLargeError(
