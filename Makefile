@@ -32,7 +32,8 @@ db:
 	bash scripts/ensure-mysql.sh "$(PYFLINK_NDB_TEST_MYSQL_URL)"
 
 demo: venv jar
-	$(PY) jobs/flight_delays.py --url "$(URL)"
+	PYTHONWARNINGS="ignore:pkg_resources is deprecated:UserWarning" \
+	  $(PY) jobs/flight_delays.py --url "$(URL)"
 
 test: venv jar db
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -44,9 +44,10 @@ class TieredTable:
     :param store: tier 3 (opened).
     :param cache_max_entries: size of tier 1 (entries, at least 1).
     :param local: tier 2, or None when `local.enabled` is false.
-    :param prefix_states: state ids whose ukeys are `encoded Flink key + suffix`
-        (map and list states); their cached entries are indexed by Flink key so that a
-        prefix scan need not walk the whole cache.
+
+    `prefix_states` holds the state ids whose ukeys are `encoded Flink key + suffix` (map
+    and list states); their cached entries are indexed by Flink key so that a prefix scan
+    need not walk the whole cache.
     """
 
     def __init__(self, store: StateStore, cache_max_entries: int,
