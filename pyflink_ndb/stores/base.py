@@ -98,6 +98,8 @@ class StateStore(ABC):
 
     #: Placeholder of the DB-API driver ("?" or "%s").
     placeholder = "?"
+    #: Commit every write batch (bounded transactions, for NDB) or once per epoch.
+    commit_each_batch = True
 
     def __init__(self, namespace: str, write_batch_rows: int = 500) -> None:
         if not _IDENT_RE.match(namespace):
@@ -422,7 +424,8 @@ class StateStore(ABC):
                 if batch and (len(batch) >= self.write_batch_rows
                               or batch_bytes + size > MAX_BATCH_BYTES):
                     self._executemany(sql, batch)
-                    self._commit()
+                    if self.commit_each_batch:
+                        self._commit()
                     written += len(batch)
                     batch, batch_bytes = [], 0
                 batch.append(params)

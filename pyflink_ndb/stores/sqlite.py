@@ -19,6 +19,9 @@ class SqliteStateStore(StateStore):
     """Tier 3 on a SQLite file. `path` may be `:memory:` for tests."""
 
     placeholder = "?"
+    #: One transaction per epoch: SQLite has one writer and no transaction-size limit, and
+    #: each commit costs milliseconds.
+    commit_each_batch = False
 
     def __init__(self, path: str, namespace: str, write_batch_rows: int = 500) -> None:
         super().__init__(namespace, write_batch_rows)

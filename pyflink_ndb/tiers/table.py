@@ -59,7 +59,7 @@ class TieredTable:
         self._spill: dict[EntryId, Entry] = {}
         self._dirty: set[EntryId] = set()
         self._index: dict[tuple[int, bytes], set[bytes]] = {}
-        self._key_json_memo: LRUCache = LRUCache(maxsize=cache_max_entries)
+        self._key_json_memo: LRUCache = LRUCache(maxsize=max(cache_max_entries, 100_000))
         self.store_reads = 0
         #: Changes with every snapshot: lets a state tell "written in this epoch" apart.
         self.epoch_token = uuid.uuid4().int >> 64
