@@ -30,6 +30,7 @@ from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
 from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
+from pyflink_ndb.config import resolve_sqlite_url
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -103,18 +104,29 @@ def build(env: StreamExecutionEnvironment, csv_path: Path,
     return updates
 
 
-def committed_aircraft(options: Mapping[str, Any]) -> dict[str, tuple[int, int, int, str]]:
-    """The committed per-aircraft state, read back from the store."""
-    from pyflink_ndb.config import from_flink_keys, resolve_sqlite_url
-    from pyflink_ndb.serialization.keys import decode_key
-    from pyflink_ndb.serialization.values import decode_value
+def open_job_store(options: Mapping[str, Any]) -> Any:
+    """The job's store, opened (a relative SQLite path resolved as the job resolved it)."""
+    from pyflink_ndb.config import from_flink_keys
     from pyflink_ndb.stores.factory import open_store
 
     resolved = from_flink_keys(options)
-    store = open_store(resolved.replace(url=resolve_sqlite_url(resolved.url)))
+    return open_store(resolved.replace(url=resolve_sqlite_url(resolved.url)))
+
+
+def read_aircraft(store: Any) -> dict[str, tuple[int, int, int, str]]:
+    """The committed per-aircraft state in an opened store."""
+    from pyflink_ndb.serialization.keys import decode_key
+    from pyflink_ndb.serialization.values import decode_value
+
+    return {decode_key(row["ukey"]): decode_value(row["vbytes"])
+            for row in store.query_committed(OPERATOR_UID, STATE_NAME)}
+
+
+def committed_aircraft(options: Mapping[str, Any]) -> dict[str, tuple[int, int, int, str]]:
+    """The committed per-aircraft state, read back from the store."""
+    store = open_job_store(options)
     try:
-        return {decode_key(row["ukey"]): decode_value(row["vbytes"])
-                for row in store.query_committed(OPERATOR_UID, STATE_NAME)}
+        return read_aircraft(store)
     finally:
         store.close()
 
@@ -154,14 +166,9 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     result = env.execute("flight-delays")
     elapsed_s = time.monotonic() - started
     records = count_lines(csv_path)
-    state = committed_aircraft(options)
-    from pyflink_ndb.config import from_flink_keys, resolve_sqlite_url
-    from pyflink_ndb.stores.factory import open_store
-
-    resolved = from_flink_keys(options)
-    resolved = resolved.replace(url=resolve_sqlite_url(resolved.url))
-    store = open_store(resolved)
+    store = open_job_store(options)
     try:
+        state = read_aircraft(store)
         latest = store.latest_committed_epoch(OPERATOR_UID)
         rows = store.count_rows()
         where = store.describe()
@@ -179,8 +186,8 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
                f"{busiest[1][1]} min total delay, max {busiest[1][2]} min, last to "
                f"{busiest[1][3]}")
     cli = Path(sys.executable).parent / "pyflink-ndb"
-    click.echo(f"query:          {cli} query --url '{resolved.url}' --namespace {namespace} "
-               f"--state {STATE_NAME}")
+    click.echo(f"query:          {cli} query --url '{resolve_sqlite_url(url)}' "
+               f"--namespace {namespace} --state {STATE_NAME}")
 
 
 if __name__ == "__main__":
