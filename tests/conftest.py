@@ -13,6 +13,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
@@ -133,3 +134,25 @@ def local_dir() -> Iterator[str]:
     path = fast_tmpdir("pyflink-ndb-local-")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def pandas_aircraft(csv: Path) -> dict[str, tuple[int, int, int, str]]:
+    """(flights, total delay, max delay, last destination) per aircraft over the departed
+    flights of a flights CSV (or the package's .csv.zip), computed by pandas."""
+    import pandas as pd
+
+    frame = pd.read_csv(csv, usecols=["tailnum", "dep_delay", "dest"])
+    departed = frame.dropna(subset=["tailnum", "dep_delay"])
+    grouped = departed.groupby("tailnum", sort=False)
+    return {tail: (int(len(g)), int(g["dep_delay"].sum()), int(g["dep_delay"].max()),
+                   str(g["dest"].iloc[-1])) for tail, g in grouped}
+
+
+def assert_exact(actual: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """Every key with exactly the wanted value; the message counts and shows the misses."""
+    missing = sorted(set(wanted) - set(actual))
+    extra = sorted(set(actual) - set(wanted))
+    wrong = sorted(t for t in wanted.keys() & actual.keys() if wanted[t] != actual[t])
+    assert (missing, extra, wrong) == ([], [], []), (
+        f"{len(missing)} missing, {len(extra)} extra, {len(wrong)} wrong; e.g. "
+        f"{[(t, wanted.get(t), actual.get(t)) for t in (missing + extra + wrong)[:5]]}")

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
+from conftest import assert_exact, drop_namespace, pandas_aircraft
 
 from jobs.flight_data import flights_csv
 from jobs.flight_delays import OPERATOR_UID, committed_aircraft
@@ -80,24 +80,6 @@ def job_args(url: str, namespace: str, parallelism: int, *extra: str) -> list[st
             "--checkpoint-ms", "500", "--cache-entries", "500", *extra]
 
 
-def expected(csv: Path) -> dict[str, tuple[int, int, int, str]]:
-    """(flights, total delay, max delay, last destination) per aircraft, by pandas."""
-    frame = pd.read_csv(csv, usecols=["tailnum", "dep_delay", "dest"])
-    departed = frame.dropna(subset=["tailnum", "dep_delay"])
-    grouped = departed.groupby("tailnum", sort=False)
-    return {tail: (int(len(g)), int(g["dep_delay"].sum()), int(g["dep_delay"].max()),
-                   str(g["dest"].iloc[-1])) for tail, g in grouped}
-
-
-def assert_exact(actual: dict[str, Any], wanted: dict[str, Any]) -> None:
-    missing = sorted(set(wanted) - set(actual))
-    extra = sorted(set(actual) - set(wanted))
-    wrong = sorted(t for t in wanted.keys() & actual.keys() if wanted[t] != actual[t])
-    assert (missing, extra, wrong) == ([], [], []), (
-        f"{len(missing)} missing, {len(extra)} extra, {len(wrong)} wrong; e.g. "
-        f"{[(t, wanted.get(t), actual.get(t)) for t in (missing + extra + wrong)[:5]]}")
-
-
 def job_id(output: str) -> str:
     found = re.search(r"Job has been submitted with JobID ([0-9a-f]{32})", output)
     assert found, f"no JobID in the output of flink run:\n{output[-3000:]}"
@@ -139,8 +121,6 @@ def cluster() -> Iterator[str]:
 def namespace(mysql_url: str) -> Iterator[str]:
     ns = "cluster_" + uuid.uuid4().hex[:8]
     yield ns
-    from conftest import drop_namespace
-
     drop_namespace(mysql_url, ns)
 
 
@@ -160,7 +140,7 @@ def test_flink_run_on_cluster_exact_state(cluster: str, mysql_url: str, namespac
         assert store.committed_epochs(OPERATOR_UID), "no commit marker in the store"
     finally:
         store.close()
-    assert_exact(committed_aircraft(options), expected(flights_csv(LIMIT)))
+    assert_exact(committed_aircraft(options), pandas_aircraft(flights_csv(LIMIT)))
 
 
 def wait_for_running_job(proc: subprocess.Popen[str], timeout_s: float = 60) -> str:
@@ -187,7 +167,7 @@ def test_stop_with_savepoint_then_restore_at_other_parallelism(
         cluster: str, mysql_url: str, namespace: str, tmp_path: Path):
     options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace}
     csv = flights_csv(LIMIT)
-    wanted = expected(csv)
+    wanted = pandas_aircraft(csv)
 
     # Parallelism 2, slowed down so that it is still running when stopped.
     first = subprocess.Popen(

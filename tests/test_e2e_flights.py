@@ -8,29 +8,14 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import pandas as pd
 import pytest
+from conftest import assert_exact, drop_namespace, pandas_aircraft
 
 from jobs.flight_data import flights_csv, package_data_dir
 from jobs.flight_delays import AircraftDelays, build, committed_aircraft, make_environment
 from pyflink_ndb.testing import FailOnceAfterCheckpoint
 
 pytestmark = pytest.mark.flink
-
-
-def expected_from_pandas() -> dict[str, tuple[int, int, int, str]]:
-    flights = pd.read_csv(package_data_dir() / "flights.csv.zip",
-                          usecols=["tailnum", "dep_delay", "dest"])
-    departed = flights.dropna(subset=["tailnum", "dep_delay"])
-    grouped = departed.groupby("tailnum", sort=False)
-    summary = pd.DataFrame({
-        "flights": grouped.size(),
-        "total": grouped["dep_delay"].sum(),
-        "worst": grouped["dep_delay"].max(),
-        "last_dest": grouped["dest"].last(),
-    })
-    return {tail: (int(r.flights), int(r.total), int(r.worst), str(r.last_dest))
-            for tail, r in summary.iterrows()}
 
 
 @pytest.fixture(params=["sqlite", "mysql"])
@@ -42,8 +27,6 @@ def state_options(request, tmp_path, mysql_url):
                "state.backend.ndb.cache.max-entries": "500"}
     yield options
     if request.param == "mysql":
-        from conftest import drop_namespace
-
         drop_namespace(mysql_url, namespace)
 
 
@@ -56,12 +39,6 @@ def test_failure_mid_stream_then_exact_state(state_options, tmp_path: Path):
 
     assert marker.exists(), "the injected failure did not happen"
     assert "checkpoints, keys from records: True" in marker.read_text()
-    expected = expected_from_pandas()
-    actual = committed_aircraft(state_options)
+    expected = pandas_aircraft(package_data_dir() / "flights.csv.zip")
     assert len(expected) == 4037
-    missing = sorted(set(expected) - set(actual))
-    extra = sorted(set(actual) - set(expected))
-    wrong = sorted(t for t in expected.keys() & actual.keys() if expected[t] != actual[t])
-    assert (missing, extra, wrong) == ([], [], []), (
-        f"{len(missing)} missing, {len(extra)} extra, {len(wrong)} wrong; e.g. "
-        f"{[(t, expected.get(t), actual.get(t)) for t in (missing + extra + wrong)[:5]]}")
+    assert_exact(committed_aircraft(state_options), expected)

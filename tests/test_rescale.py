@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 import uuid
 
-import pandas as pd
 import pytest
+from conftest import drop_namespace, pandas_aircraft
 
 from jobs.flight_data import flights_csv
 from jobs.flight_delays import (
@@ -23,14 +23,6 @@ from pyflink_ndb.testing import Throttled
 
 pytestmark = pytest.mark.flink
 LIMIT = 40_000
-
-
-def expected(csv) -> dict[str, tuple[int, int, int, str]]:
-    frame = pd.read_csv(csv, usecols=["tailnum", "dep_delay", "dest"])
-    departed = frame.dropna(subset=["tailnum", "dep_delay"])
-    grouped = departed.groupby("tailnum", sort=False)
-    return {tail: (int(len(g)), int(g["dep_delay"].sum()), int(g["dep_delay"].max()),
-                   str(g["dest"].iloc[-1])) for tail, g in grouped}
 
 
 def wait_for_commit(options, timeout_s: float = 120.0) -> int:
@@ -61,14 +53,13 @@ def test_savepoint_at_parallelism_2_restore_at_3(tmp_path, mysql_url):
         wait_for_commit(options)
         savepoint = client.stop_with_savepoint(False, str(tmp_path / "savepoints")).result()
         part = committed_aircraft(options)
-        assert 0 < sum(v[0] for v in part.values()) < sum(v[0] for v in expected(csv).values())
+        wanted = pandas_aircraft(csv)
+        assert 0 < sum(v[0] for v in part.values()) < sum(v[0] for v in wanted.values())
 
         env3 = make_environment(parallelism=3, checkpoint_interval_ms=300,
                                 extra={"execution.savepoint.path": savepoint})
         build(env3, csv, options)
         env3.execute("flight-delays-p3")
-        assert committed_aircraft(options) == expected(csv)
+        assert committed_aircraft(options) == wanted
     finally:
-        from conftest import drop_namespace
-
         drop_namespace(mysql_url, namespace)
