@@ -73,8 +73,6 @@ class EpochProtocol:
         self._ttl_states: set[int] = set()
         self._invalidated: set[int] | None = None
         self._json_of: Callable[[int, bytes], str | None] = lambda sid, value: None
-        self.last_snapshot_rows = 0
-        self.snapshots = 0
         self.completed = 0
 
     def set_json_renderer(self, json_of: Callable[[int, bytes], str | None]) -> None:
@@ -202,8 +200,6 @@ class EpochProtocol:
             # Pin now: Flink notifies completion of a savepoint only on stop-with-savepoint.
             self.store.commit_epoch(self.scope.operator, epoch, is_savepoint=True,
                                     job_id=self.scope.job_id)
-        self.last_snapshot_rows = len(rows)
-        self.snapshots += 1
         return len(rows)
 
     def complete(self, checkpoint_id: int) -> None:

@@ -212,9 +212,6 @@ class TieredTable:
             found = self._key_json_memo[ukey] = key_json(ukey)
             return found
 
-    def dirty_ids(self) -> list[EntryId]:
-        return sorted(self._dirty)
-
     def mark_clean(self) -> None:
         """End of a snapshot: every dirty entry is now stored in tier 3."""
         self._dirty.clear()
