@@ -38,29 +38,43 @@ def main() -> None:
 @click.option("--operator", default=None, help="Operator uid (default: all).")
 @click.option("--state", "state_name", default=None, help="State name (default: all).")
 @click.option("--limit", default=20, show_default=True,
-              help="Entries to print (0: all); the total goes to stderr.")
-@click.option("--sql", "show_sql", is_flag=True, help="Print the SQL instead of running it.")
+              help="Entries to print (0: all); only what is printed is read.")
+@click.option("--sql", "show_sql", is_flag=True,
+              help="Print the SQL (and its parameters) of one operator's committed state.")
 def query(url: str, namespace: str, operator: str | None, state_name: str | None,
           limit: int, show_sql: bool) -> None:
-    """Print the committed state: one JSON line per entry (key, value, epoch)."""
+    """Print the committed state (the operator's latest completed checkpoint): one JSON
+    line per entry (key, value, checkpoint)."""
     store = _open(url, namespace)
     try:
         if show_sql:
-            click.echo(store.committed_view_sql())
+            if operator is None:
+                raise click.ClickException("--sql needs --operator: each operator's "
+                                           "committed checkpoint is its own.")
+            sql, params = store.committed_sql(operator)
+            click.echo(sql)
+            click.echo("-- parameters: " + json.dumps(params, default=repr))
             return
-        rows = store.query_committed(operator, state_name)
-        for row in rows[:limit] if limit else rows:
-            value = decode_value(row["vbytes"]) if row["vjson"] is None else json.loads(
-                row["vjson"])
-            prefix, rest = split_key(row["ukey"])
-            key = (json.loads(row["kjson"]) if row["kjson"] is not None
-                   else repr(decode_key(prefix)))
-            entry = {"operator": row["operator"], "state": row["state_name"], "key": key}
-            if rest:
-                entry["entry"] = repr(decode_key(rest))
-            entry.update(value=value, epoch=row["epoch"])
-            click.echo(json.dumps(entry, default=repr))
-        click.echo(f"-- {len(rows)} committed entries in {store.describe()}", err=True)
+        ops = [operator] if operator is not None else [o.operator for o in store.operators()]
+        printed = 0
+        for op in ops:
+            for row in store.iter_committed(op, state_name):
+                if limit and printed >= limit:
+                    break
+                value = decode_value(row["vbytes"]) if row["vjson"] is None else json.loads(
+                    row["vjson"])
+                prefix, rest = split_key(row["ukey"])
+                key = (json.loads(row["kjson"]) if row["kjson"] is not None
+                       else repr(decode_key(prefix)))
+                entry = {"operator": row["operator"], "state": row["state_name"], "key": key}
+                if rest:
+                    entry["entry"] = repr(decode_key(rest))
+                entry.update(value=value, checkpoint=row["checkpoint"])
+                click.echo(json.dumps(entry, default=repr))
+                printed += 1
+        click.echo(f"-- {printed} committed entries printed from {store.describe()}", err=True)
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
     finally:
         store.close()
 
@@ -69,13 +83,50 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
 @_url
 @_namespace
 @click.option("--operator", required=True)
-@click.option("--epoch", type=int, required=True)
-def release_savepoint(url: str, namespace: str, operator: str, epoch: int) -> None:
-    """Unpin a savepoint's epoch so garbage collection may reclaim its versions."""
+@click.option("--checkpoint", "checkpoint_id", type=int, required=True,
+              help="The savepoint's checkpoint id (in its path: savepoint-<job>-<id>... or "
+                   "in `query`'s listing).")
+def release_savepoint(url: str, namespace: str, operator: str, checkpoint_id: int) -> None:
+    """Release a savepoint so that garbage collection may reclaim what only it needs;
+    restoring it afterwards fails."""
     store = _open(url, namespace)
     try:
-        removed = store.release_savepoint(operator, epoch)
-        click.echo(f"released {removed} pin(s) of epoch {epoch} of {operator}")
+        rows = [r for r in store.list_snapshots(operator)
+                if r.kind == "savepoint" and r.epoch == checkpoint_id]
+        if not rows:
+            listed = sorted({r.epoch for r in store.list_snapshots(operator)
+                             if r.kind == "savepoint"})
+            raise click.ClickException(
+                f"Operator {operator!r} has no savepoint {checkpoint_id}; its savepoints: "
+                f"{listed or 'none'}.")
+        removed = store.delete_snapshots(operator, [(r.branch, r.epoch) for r in rows])
+        click.echo(f"released savepoint {checkpoint_id} of {operator} ({removed} subtask "
+                   "snapshot(s))")
+    finally:
+        store.close()
+
+
+@main.command()
+@_url
+@_namespace
+def migrate(url: str, namespace: str) -> None:
+    """Convert a namespace written by row format 1 to format 2 (run it with no job on it)."""
+    from pyflink_ndb.stores.factory import create_store
+    from pyflink_ndb.stores.migrate import migrate as run_migration
+
+    store = create_store(NdbStateOptions(url=resolve_sqlite_url(url), namespace=namespace))
+    try:
+        store.connect()
+        if not store._table_exists(store.t_legacy_epochs):
+            raise click.ClickException(f"Namespace {namespace!r} in {store.describe()} holds no "
+                                       "format-1 state: nothing to migrate.")
+        counts = run_migration(store)
+        store.open(create=False)
+        click.echo(f"migrated {namespace}: {counts['operators']} operator(s), {counts['rows']} "
+                   f"rows, {counts['checkpoints']} checkpoint(s), {counts['savepoints']} "
+                   "savepoint(s)")
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
     finally:
         store.close()
 

@@ -65,10 +65,27 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "state: `fail`, `resume` (from the latest committed epoch) or `truncate`."),
     OptionSpec("checkpoints.retained", "checkpoints_retained", None,
                "Completed checkpoints whose versions garbage collection keeps; default: "
-               "Flink's `state.checkpoints.num-retained` (1)."),
+               "Flink's `execution.checkpointing.num-retained` (or the deprecated "
+               "`state.checkpoints.num-retained`) from the TaskManagers', the job's or the "
+               "client's configuration, else 1. Garbage collection keeps one more for readers."),
     OptionSpec("value.max-bytes", "value_max_bytes", 64 * 1024 * 1024,
                "Largest serialized value (bytes) accepted; larger ones fail before the "
                "checkpoint writes anything."),
+    OptionSpec("db.socket-timeout-ms", "db_socket_timeout_ms", 30_000,
+               "Longest wait (ms) of one read or write on a database connection (also the "
+               "server's greeting); a connection that stops answering fails after it and "
+               "is retried on a new connection. At least 1."),
+    OptionSpec("db.retry.max-attempts", "db_retry_max_attempts", 10,
+               "Tries of one idempotent database transaction after transient errors (lost "
+               "or refused connection, lock wait timeout, deadlock, NDB temporary error), "
+               "the first one included; at least 1 (1: no retry)."),
+    OptionSpec("db.retry.max-backoff-ms", "db_retry_max_backoff_ms", 5_000,
+               "Largest sleep (ms) between two tries: exponential from 50 ms with full "
+               "jitter, capped here; at least 0."),
+    OptionSpec("db.retry.deadline-ms", "db_retry_deadline_ms", 90_000,
+               "Give up (StoreUnavailableError naming the server, the attempts and the last "
+               "error) when the next sleep would end this many ms after the first try; at "
+               "least 1."),
 )
 
 KNOWN_KEYS: tuple[str, ...] = tuple(PREFIX + spec.key for spec in OPTIONS)
@@ -97,6 +114,10 @@ class NdbStateOptions:
     on_fresh_start: str = "fail"
     checkpoints_retained: int | None = None
     value_max_bytes: int = 64 * 1024 * 1024
+    db_socket_timeout_ms: int = 30_000
+    db_retry_max_attempts: int = 10
+    db_retry_max_backoff_ms: int = 5_000
+    db_retry_deadline_ms: int = 90_000
 
     def __post_init__(self) -> None:
         if not _NAMESPACE_RE.match(self.namespace):
@@ -115,6 +136,10 @@ class NdbStateOptions:
                  "`fail`, `resume` or `truncate`")
         if self.checkpoints_retained is not None:
             _require(self.checkpoints_retained >= 1, "checkpoints.retained", "at least 1")
+        _require(self.db_socket_timeout_ms >= 1, "db.socket-timeout-ms", "at least 1")
+        _require(self.db_retry_max_attempts >= 1, "db.retry.max-attempts", "at least 1")
+        _require(self.db_retry_max_backoff_ms >= 0, "db.retry.max-backoff-ms", "at least 0")
+        _require(self.db_retry_deadline_ms >= 1, "db.retry.deadline-ms", "at least 1")
 
     def resolve_password(self) -> str | None:
         """The password from `password`, else `password-file`, else `password-env`.
@@ -181,11 +206,17 @@ def _convert(spec: OptionSpec, raw: Any) -> Any:
     return text
 
 
+#: Flink's own keys of the number of retained checkpoints, the 1.20 name first
+#: (`execution.checkpointing.num-retained`, formerly `state.checkpoints.num-retained`).
+FLINK_RETAINED_KEYS = ("execution.checkpointing.num-retained", "state.checkpoints.num-retained")
+
+
 def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
     """Build options from mappings of Flink keys; later sources override earlier ones.
 
-    Keys outside `state.backend.ndb.` are ignored, except `state.checkpoints.num-retained`
-    which gives the default of `checkpoints.retained`.
+    Keys outside `state.backend.ndb.` are ignored, except Flink's number of retained
+    checkpoints (:data:`FLINK_RETAINED_KEYS`; within one source the 1.20 name wins over
+    the deprecated one) which gives the default of `checkpoints.retained`.
 
     :raises ConfigurationError: an unknown `state.backend.ndb.*` key (the message lists the
         known ones) or a value of the wrong kind.
@@ -193,11 +224,11 @@ def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
     values: dict[str, Any] = {}
     flink_retained: Any = None
     for source in sources:
+        for old_key in reversed(FLINK_RETAINED_KEYS):
+            if source.get(old_key) is not None:
+                flink_retained = source[old_key]
         for key, raw in source.items():
-            if key == "state.checkpoints.num-retained":
-                flink_retained = raw
-                continue
-            if not key.startswith(PREFIX):
+            if key in FLINK_RETAINED_KEYS or not key.startswith(PREFIX):
                 continue
             short = key[len(PREFIX):]
             spec = _BY_KEY.get(short)

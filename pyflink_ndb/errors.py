@@ -33,3 +33,10 @@ class StateCompatibilityError(NdbStateError, RuntimeError):
 
 class NamespaceInUseError(ConfigurationError):
     """A fresh start found committed state in the namespace and `on-fresh-start` is `fail`."""
+
+
+class FencedError(CheckpointError):
+    """This subtask attempt no longer owns its key groups: a newer attempt claimed them.
+
+    Raised at the superseded attempt's next write, commit or garbage collection; it must
+    stop (Flink has replaced it already)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from pyflink_ndb.api.context import TieredRuntimeContext
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.runtime.backend import BindInfo, SubtaskStateBackend
 from pyflink_ndb.stores.base import StateStore
+from pyflink_ndb.stores.lineage import Token
 
 
 @dataclass
@@ -46,6 +48,41 @@ class _CrcKeyGroups:
         return zlib.crc32(self.backend.current_key_bytes) % self.max_parallelism
 
 
+class CheckpointStorage:
+    """What Flink keeps of each snapshot for tests without Flink: the tokens every subtask
+    stored in the union list state, by checkpoint id (the latest run's, as Flink restores
+    the checkpoint of the job that wrote it)."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[tuple[str, int], dict[int, str]] = {}
+
+    def record(self, operator: str, checkpoint_id: int, token_json: str) -> None:
+        token = Token.from_json(token_json)
+        slot = self._tokens.setdefault((operator, checkpoint_id), {})
+        for kg, old in list(slot.items()):
+            other = Token.from_json(old)
+            if other.kg_end >= token.kg_start and other.kg_start <= token.kg_end:
+                del slot[kg]
+        slot[token.kg_start] = token_json
+
+    def tokens(self, operator: str, checkpoint_id: int) -> tuple[str, ...]:
+        """The tokens of checkpoint `checkpoint_id` (empty when it was never taken)."""
+        slot = self._tokens.get((operator, checkpoint_id), {})
+        return tuple(slot[k] for k in sorted(slot))
+
+
+#: Default storage shared by LocalSubtasks that are not given one, per store object.
+_STORAGES: weakref.WeakKeyDictionary[Any, CheckpointStorage] = weakref.WeakKeyDictionary()
+
+
+def checkpoint_storage(store: StateStore) -> CheckpointStorage:
+    """The :class:`CheckpointStorage` that LocalSubtasks on `store` share by default."""
+    found = _STORAGES.get(store)
+    if found is None:
+        found = _STORAGES[store] = CheckpointStorage()
+    return found
+
+
 class LocalSubtask:
     """One subtask's tiered state outside Flink.
 
@@ -53,7 +90,10 @@ class LocalSubtask:
     :param options: options; `url` is ignored since `store` is given.
     :param operator: operator name (states are registered under it).
     :param restored_checkpoint_id: restore from this checkpoint (None: fresh start).
-    :param restored_epoch_offset: the epoch offset of the restored checkpoint.
+    :param restored_tokens: the tokens to restore (default: those `storage` recorded for
+        `restored_checkpoint_id`).
+    :param restored_epoch_offset: the epoch offset of a restored format-1 checkpoint.
+    :param storage: where snapshots' tokens are kept (default: one per store).
     :param checkpointing_enabled: False makes `finish()` commit a final epoch.
     :param job_id: the Flink job id; None: a new one, i.e. each LocalSubtask is its own job
         (pass the same id to simulate a restart of one job).
@@ -63,17 +103,24 @@ class LocalSubtask:
                  operator: str = "op", subtask_index: int = 0, max_parallelism: int = 128,
                  key_group_start: int = 0, key_group_end: int | None = None,
                  restored_checkpoint_id: int | None = None,
+                 restored_tokens: tuple[str, ...] | None = None,
                  restored_epoch_offset: int | None = None,
+                 storage: CheckpointStorage | None = None, attempt: int = 0,
                  checkpointing_enabled: bool = True, clock: ManualClock | None = None,
                  local_dir: str | None = None, job_id: str | None = None) -> None:
         self.clock = clock or ManualClock()
+        self.storage = storage or checkpoint_storage(store)
+        self.operator = operator
+        if restored_tokens is None and restored_checkpoint_id is not None:
+            restored_tokens = self.storage.tokens(operator, restored_checkpoint_id)
         oracle = _CrcKeyGroups(max_parallelism)
         info = BindInfo(
             operator=operator, subtask_index=subtask_index, max_parallelism=max_parallelism,
             key_group_start=key_group_start,
             key_group_end=max_parallelism - 1 if key_group_end is None else key_group_end,
             restored_checkpoint_id=restored_checkpoint_id,
-            restored_epoch_offset=restored_epoch_offset,
+            restored_tokens=tuple(restored_tokens or ()),
+            restored_epoch_offset=restored_epoch_offset, attempt=attempt,
             checkpointing_enabled=checkpointing_enabled, local_dir=local_dir,
             job_id=job_id or f"local-{uuid.uuid4().hex[:12]}")
         self.backend = SubtaskStateBackend(options or NdbStateOptions(), info, oracle,
@@ -86,9 +133,15 @@ class LocalSubtask:
         self.backend.set_current_key(key)
         return self
 
+    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
+        """Snapshot and keep the token in the storage, as Flink would; returns the token."""
+        token = self.backend.snapshot(checkpoint_id, is_savepoint)
+        self.storage.record(self.operator, checkpoint_id, token)
+        return token
+
     def checkpoint(self, checkpoint_id: int, complete: bool = True) -> None:
         """Snapshot, then (when `complete`) notify completion."""
-        self.backend.snapshot(checkpoint_id)
+        self.snapshot(checkpoint_id)
         if complete:
             self.backend.notify_checkpoint_complete(checkpoint_id)
 

@@ -24,6 +24,7 @@ from pyflink_ndb import _pyflink
 from pyflink_ndb.api.functions import TieredKeyedCoProcessFunction, TieredKeyedProcessFunction
 from pyflink_ndb.checkpoint.protocol import check_fresh_start
 from pyflink_ndb.config import (
+    FLINK_RETAINED_KEYS,
     PREFIX,
     NdbStateOptions,
     from_flink_keys,
@@ -60,7 +61,7 @@ def _job_options(j_conf: Any, options: NdbStateOptions | Mapping[str, Any] | Non
     TaskManagers' flink-conf.yaml; a relative SQLite path is resolved here.
     """
     env_keys = {k: v for k, v in dict(j_conf.toMap()).items()
-                if k.startswith(PREFIX) or k == "state.checkpoints.num-retained"}
+                if k.startswith(PREFIX) or k in FLINK_RETAINED_KEYS}
     if isinstance(options, NdbStateOptions):
         explicit = to_flink_keys(options)
     else:

@@ -1,1 +1,1 @@
-"""The checkpoint protocol: epochs, commit markers, roll-back on restore, garbage collection."""
+"""The checkpoint protocol: branches, fenced snapshots, retention, garbage collection."""

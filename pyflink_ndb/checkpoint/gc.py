@@ -1,106 +1,127 @@
-"""Garbage collection of versions that no retained checkpoint can need any more.
+"""Garbage collection of versions that no restorable snapshot can need any more.
 
-Rule (DESIGN.md, decision 4): for every entry keep, for each protected epoch `p` (the
-retained completed checkpoints and the pinned savepoints), the newest version at or below
-`p`; keep every version newer than the latest completed checkpoint (it may still be
-committed). A tombstone with nothing older left is dropped too.
+Rule (docs/protocol.md, "Garbage collection"): of the versions of one entry keep those
+that are the newest version visible to some protected snapshot (or to the running
+branch's head), and every version newer than the branch's latest completed checkpoint.
+A kept tombstone that hides nothing for any view that needs it is dropped too.
 
-The ledger only knows versions this subtask wrote in this attempt; for older versions (from
-before a restore) it deletes by range (`epoch < oldest known version`) and only when no
-protected epoch lies below that oldest known version.
+The :class:`VersionLedger` remembers the versions of the entries this attempt wrote. An
+entry whose older versions (written before this attempt) are not known yet is marked
+`complete=False`; the protocol reads its versions from the store once before collecting.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from cachetools import LRUCache
+
+from pyflink_ndb.stores.lineage import Ranges, in_ranges
 
 EntryRef = tuple[int, int, bytes]  # key group, state id, ukey
 
 
 @dataclass(frozen=True, slots=True)
 class Deletion:
-    """Delete the versions of one entry with `epoch < bound` (op "<") or `epoch == bound`."""
+    """Delete one version (all its chunks) of one entry."""
 
     key_group: int
     state_id: int
     ukey: bytes
-    op: str
-    epoch: int
+    version: int
 
 
 @dataclass
-class _Versions:
-    epochs: list[int] = field(default_factory=list)
+class EntryVersions:
+    """Known versions of one entry, ascending, with their tombstone flags."""
+
+    versions: list[int] = field(default_factory=list)
     tombstones: list[bool] = field(default_factory=list)
-    older_unknown: bool = True
+    complete: bool = False
+
+    def add(self, version: int, tombstone: bool) -> None:
+        if version in self.versions:
+            self.tombstones[self.versions.index(version)] = tombstone
+            return
+        self.versions.append(version)
+        self.tombstones.append(tombstone)
+        order = sorted(range(len(self.versions)), key=self.versions.__getitem__)
+        self.versions = [self.versions[i] for i in order]
+        self.tombstones = [self.tombstones[i] for i in order]
+
+
+def versions_to_keep(versions: Sequence[int], tombstones: Sequence[bool],
+                     views: Sequence[Ranges], keep_above: int) -> set[int]:
+    """The versions of one entry that must stay.
+
+    :param versions: all stored versions, ascending.
+    :param tombstones: their tombstone flags.
+    :param views: the ranges each protected snapshot (and the head) sees in this entry's
+        key group.
+    :param keep_above: versions greater than this are always kept (not yet completed).
+    """
+    keep = {v for v in versions if v > keep_above}
+    needed_by: dict[int, list[Ranges]] = {}
+    for view in views:
+        for v in reversed(versions):
+            if in_ranges(v, view):
+                needed_by.setdefault(v, []).append(view)
+                keep.add(v)
+                break
+    tomb = dict(zip(versions, tombstones, strict=True))
+    for v in sorted(keep):
+        if v > keep_above or not tomb[v]:
+            continue
+        # A tombstone only hides older versions: with none of them left in any view that
+        # reads it, "no version" reads the same.
+        if not any(w < v and in_ranges(w, view) for view in needed_by.get(v, ())
+                   for w in keep):
+            keep.discard(v)
+    return keep
 
 
 class VersionLedger:
-    """Versions written by this subtask since it opened, per entry."""
+    """Versions of the entries this subtask attempt wrote, bounded in memory.
 
-    def __init__(self) -> None:
-        self._entries: dict[EntryRef, _Versions] = {}
+    :param max_entries: entries remembered; the least recently written ones are
+        forgotten (their versions are read from the store again when needed).
+    """
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._entries: LRUCache = LRUCache(maxsize=max_entries)
+        #: Entries written since they were last collected.
+        self.pending: set[EntryRef] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def record(self, ref: EntryRef, epoch: int, tombstone: bool) -> None:
-        """Note that `ref` was written as `epoch` (epochs are recorded in increasing order)."""
-        versions = self._entries.setdefault(ref, _Versions())
-        if versions.epochs and versions.epochs[-1] == epoch:
-            versions.tombstones[-1] = tombstone
+    def record(self, ref: EntryRef, version: int, tombstone: bool) -> None:
+        entry = self._entries.get(ref)
+        if entry is None:
+            entry = self._entries[ref] = EntryVersions()
+        entry.add(version, tombstone)
+        self.pending.add(ref)
+
+    def get(self, ref: EntryRef) -> EntryVersions | None:
+        return self._entries.get(ref)
+
+    def learn(self, ref: EntryRef, stored: Sequence[tuple[int, bool]]) -> EntryVersions:
+        """Merge the versions read from the store into the entry; it is complete after."""
+        entry = self._entries.get(ref)
+        if entry is None:
+            entry = self._entries[ref] = EntryVersions()
+        for version, tombstone in stored:
+            if version not in entry.versions:
+                entry.add(version, tombstone)
+        entry.complete = True
+        return entry
+
+    def forget_versions(self, ref: EntryRef, deleted: set[int]) -> None:
+        entry = self._entries.get(ref)
+        if entry is None:
             return
-        versions.epochs.append(epoch)
-        versions.tombstones.append(tombstone)
-
-    def collect(self, protected: Sequence[int], latest_committed: int,
-                keep_from: int | None = None) -> list[Deletion]:
-        """Deletions allowed now, and forget what they delete.
-
-        :param protected: epochs of retained checkpoints and pinned savepoints.
-        :param latest_committed: the newest completed checkpoint's epoch; versions above it
-            are always kept.
-        :param keep_from: versions at or above this epoch are always kept (None: no such
-            bound); covers retained checkpoints whose completion was never notified.
-        """
-        marks = sorted(set(protected))
-        out: list[Deletion] = []
-        finished: list[EntryRef] = []
-        for ref, v in self._entries.items():
-            kg, sid, ukey = ref
-
-            def protected_in(lo: int, hi: int | None) -> bool:
-                i = bisect.bisect_left(marks, lo)
-                return i < len(marks) and (hi is None or marks[i] < hi)
-
-            keep_e: list[int] = []
-            keep_t: list[bool] = []
-            n = len(v.epochs)
-            for i, (epoch, tomb) in enumerate(zip(v.epochs, v.tombstones, strict=True)):
-                nxt = v.epochs[i + 1] if i + 1 < n else None
-                needed = (epoch > latest_committed or nxt is None or nxt > latest_committed
-                          or (keep_from is not None and epoch >= keep_from)
-                          or protected_in(epoch, nxt))
-                if needed:
-                    keep_e.append(epoch)
-                    keep_t.append(tomb)
-                else:
-                    out.append(Deletion(kg, sid, ukey, "=", epoch))
-            older_unknown = v.older_unknown
-            if older_unknown and keep_e and not (marks and marks[0] < keep_e[0]):
-                out.append(Deletion(kg, sid, ukey, "<", keep_e[0]))
-                older_unknown = False
-            while (not older_unknown and keep_e and keep_t[0]
-                   and keep_e[0] <= latest_committed):
-                out.append(Deletion(kg, sid, ukey, "=", keep_e[0]))
-                keep_e.pop(0)
-                keep_t.pop(0)
-            v.epochs, v.tombstones, v.older_unknown = keep_e, keep_t, older_unknown
-            if not older_unknown and (not keep_e or (len(keep_e) == 1
-                                                     and keep_e[0] <= latest_committed)):
-                finished.append(ref)
-        for ref in finished:
-            del self._entries[ref]
-        return out
+        kept = [(v, t) for v, t in zip(entry.versions, entry.tombstones, strict=True)
+                if v not in deleted]
+        entry.versions = [v for v, _ in kept]
+        entry.tombstones = [t for _, t in kept]

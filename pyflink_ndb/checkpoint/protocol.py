@@ -1,11 +1,13 @@
-"""The epoch protocol of one subtask (DESIGN.md, decision 4).
+"""The checkpoint protocol of one subtask attempt (docs/protocol.md).
 
-* epoch = epoch offset + Flink checkpoint id (the offset is 0 unless a fresh start resumed
-  a namespace; the bridge keeps it in Flink's operator state);
-* :meth:`EpochProtocol.snapshot` writes every dirty entry as the checkpoint's epoch and
-  returns when it is durable;
-* :meth:`EpochProtocol.complete` writes the commit marker and collects garbage;
-* :meth:`EpochProtocol.restore` rolls back what never completed and empties tiers 1-2.
+* :meth:`CheckpointProtocol.open` claims the subtask's key groups under a new branch whose
+  lineage comes from the restored snapshot's tokens (or from `on-fresh-start`), before
+  any record; it reads and deletes no state row;
+* :meth:`CheckpointProtocol.snapshot` writes every dirty entry as version
+  `branch << 32 | checkpoint id`, fenced, and returns the token for Flink's union list
+  state once it is durable;
+* :meth:`CheckpointProtocol.complete` marks the snapshot completed, moves what readers
+  see, applies retention, collects garbage and runs a bounded batch of background cleanup.
 """
 
 from __future__ import annotations
@@ -14,35 +16,67 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyflink_ndb.checkpoint.gc import VersionLedger
+from pyflink_ndb.checkpoint.gc import Deletion, VersionLedger, versions_to_keep
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, NamespaceInUseError, ValueTooLargeError
-from pyflink_ndb.stores.base import StateStore, now_ms
+from pyflink_ndb.stores.base import (
+    COMPLETED,
+    KIND_CHECKPOINT,
+    KIND_FINAL,
+    KIND_SAVEPOINT,
+    PENDING,
+    Fence,
+    SnapshotRow,
+    StateStore,
+    now_ms,
+)
+from pyflink_ndb.stores.lineage import (
+    MAX_EPOCH,
+    Descriptor,
+    Lineage,
+    Ranges,
+    Token,
+    complement,
+    fresh_lineage,
+    in_ranges,
+    lineage_from_tokens,
+    normalize,
+    own_range,
+    subtract,
+    version_of,
+)
 from pyflink_ndb.tiers.table import TieredTable
 
 log = logging.getLogger(__name__)
 
+#: Epoch of the final flush of a bounded run without checkpointing.
+FINAL_EPOCH = 1
+#: Background cleanup statements per completed checkpoint.
+CLEANUP_STATEMENTS_PER_CHECKPOINT = 64
+
 
 @dataclass(frozen=True)
 class SubtaskScope:
-    """What identifies a subtask's share of the state."""
+    """What identifies a subtask attempt's share of the state."""
 
     operator: str
     subtask_index: int
     key_group_start: int
     key_group_end: int
     job_id: str = ""
+    attempt: int = 0
 
 
 def fresh_start_conflict(store: StateStore, options: NdbStateOptions, operator: str,
-                         committed: int) -> NamespaceInUseError:
+                         committed: Descriptor) -> NamespaceInUseError:
     """The error of a fresh start on a namespace with committed state (policy `fail`)."""
     return NamespaceInUseError(
         f"Namespace {options.namespace!r} in {store.describe()} already holds committed "
-        f"state of operator {operator!r} (latest epoch {committed}) and this job starts "
-        "without a checkpoint or savepoint. Restore the job from its checkpoint/savepoint "
-        "(execution.savepoint.path), or set state.backend.ndb.on-fresh-start to `resume` "
-        f"(continue from epoch {committed}) or `truncate` (delete it), or use another "
+        f"state of operator {operator!r} (latest completed checkpoint "
+        f"{committed.checkpoint_id}) and this job starts without a checkpoint or savepoint. "
+        "Restore the job from its checkpoint/savepoint (execution.savepoint.path), or set "
+        "state.backend.ndb.on-fresh-start to `resume` (continue from that checkpoint) or "
+        "`truncate` (start over; the old state is released), or use another "
         "state.backend.ndb.namespace.")
 
 
@@ -52,13 +86,13 @@ def check_fresh_start(store: StateStore, options: NdbStateOptions, operator: str
     The client calls this when it builds a job without a savepoint to restore, so that the
     error is seen at once instead of in every restart of every subtask.
     """
-    committed = store.latest_committed_epoch(operator)
-    if committed is not None and options.on_fresh_start == "fail":
-        raise fresh_start_conflict(store, options, operator, committed)
+    row = store.read_operator(operator)
+    if row is not None and row.committed is not None and options.on_fresh_start == "fail":
+        raise fresh_start_conflict(store, options, operator, row.committed)
 
 
-class EpochProtocol:
-    """Snapshot, commit, abort, restore and garbage collection for one subtask."""
+class CheckpointProtocol:
+    """Claim, snapshot, commit, abort, garbage collection and cleanup for one attempt."""
 
     def __init__(self, store: StateStore, table: TieredTable, options: NdbStateOptions,
                  scope: SubtaskScope, clock_ms: Callable[[], int] = now_ms) -> None:
@@ -67,13 +101,21 @@ class EpochProtocol:
         self.options = options
         self.scope = scope
         self.clock_ms = clock_ms
-        self.epoch_offset = 0
-        self.restored_epoch: int | None = None
-        self.ledger = VersionLedger()
+        self.ledger = VersionLedger(max(200_000, options.cache_max_entries * 4))
         self._ttl_states: set[int] = set()
-        self._invalidated: set[int] | None = None
         self._json_of: Callable[[int, bytes], str | None] = lambda sid, value: None
+        self.branch = 0
+        self.lineage: Lineage | None = None
+        self.fence: Fence | None = None
+        #: Epoch of this branch's latest completed checkpoint (0: none yet).
+        self.latest_completed = 0
+        #: The snapshot this attempt restored (None: fresh start without state).
+        self.restored: Descriptor | None = None
         self.completed = 0
+        self.rows_written = 0
+        self.cleanup_rows = 0
+        self._cleaned: dict[tuple[int, int], Ranges] = {}
+        self._lineages: dict[int, Lineage] = {}
 
     def set_json_renderer(self, json_of: Callable[[int, bytes], str | None]) -> None:
         self._json_of = json_of
@@ -81,84 +123,134 @@ class EpochProtocol:
     def add_ttl_state(self, state_id: int) -> None:
         self._ttl_states.add(state_id)
 
-    # -- restore --------------------------------------------------------------------------
-    def restore(self, restored_checkpoint_id: int | None,
-                restored_epoch_offset: int | None) -> None:
-        """Bring tier 3 to the restored checkpoint (or a fresh start) before any record.
+    # -- open: claim the key groups -------------------------------------------------------
+    def open(self, restored_tokens: Sequence[Token] | None) -> None:
+        """Claim this subtask's key groups before any record.
 
+        :param restored_tokens: the tokens of the restored snapshot (Flink's union list
+            state; all subtasks' tokens), or None on a fresh start.
+        :raises CheckpointError: a restored snapshot is no longer restorable.
         :raises NamespaceInUseError: a fresh start found committed state and
             `on-fresh-start` is `fail`.
         """
         s = self.scope
-        state_ids = self.store.state_ids(s.operator)
         self.table.clear()
-        if restored_checkpoint_id is not None:
-            self.epoch_offset = restored_epoch_offset or 0
-            epoch = self.epoch_offset + restored_checkpoint_id
-            if self.store.is_invalidated(s.operator, epoch):
-                raise CheckpointError(
-                    f"Savepoint/checkpoint {restored_checkpoint_id} (epoch {epoch}) of "
-                    f"operator {s.operator!r} can no longer be restored: the job restored an "
-                    "older checkpoint after it was taken, which rolled its state back in "
-                    f"{self.store.describe()}. Restore a later checkpoint or savepoint.")
-            self._invalidate_savepoints_after(epoch)
-            removed = self.store.rollback_after(state_ids, s.key_group_start,
-                                                s.key_group_end, epoch)
-            # The restored checkpoint completed, even if its notification was lost.
-            self.store.commit_epoch(s.operator, epoch, job_id=s.job_id)
-            if s.subtask_index == 0:
-                self.store.delete_commit_markers(s.operator, after_epoch=epoch)
-            self.restored_epoch = epoch
-            log.info("pyflink-ndb %s/%d restored epoch %d (checkpoint %d), rolled back %d rows",
-                     s.operator, s.subtask_index, epoch, restored_checkpoint_id, removed)
-            return
-        # A fresh start of the same job (a restart with checkpointing off, or before its
-        # first checkpoint) re-reads its input: what it committed before is not state.
-        committed = self.store.latest_committed_epoch(s.operator, exclude_job=s.job_id)
-        if s.subtask_index == 0:
-            self.store.delete_job_markers(s.operator, s.job_id)
-        if committed is None:
-            # Only leftovers of attempts that never completed a checkpoint: not state.
-            self._invalidate_savepoints_after(-1)
-            self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
-            self.epoch_offset = 0
-            return
-        policy = self.options.on_fresh_start
-        if policy == "fail":
-            raise fresh_start_conflict(self.store, self.options, s.operator, committed)
-        if policy == "truncate":
-            self._invalidate_savepoints_after(-1)
-            self.store.delete_all(state_ids, s.key_group_start, s.key_group_end)
-            if s.subtask_index == 0:
-                self.store.delete_commit_markers(s.operator)
-            self.epoch_offset = 0
-            return
-        self._invalidate_savepoints_after(committed)
-        removed = self.store.rollback_after(state_ids, s.key_group_start, s.key_group_end,
-                                            committed)
-        # New epochs must not collide with any epoch named by a marker, pin or mark.
-        self.epoch_offset = max(committed, self.store.highest_marked_epoch(s.operator) or 0)
-        self.restored_epoch = committed
-        log.info("pyflink-ndb %s/%d resumed epoch %d, rolled back %d rows", s.operator,
-                 s.subtask_index, committed, removed)
+        origin: dict[str, object]
+        reset = False
+        tokens: list[Token] | None = None
+        restored: Descriptor | None = None
+        if restored_tokens:
+            tokens = list(restored_tokens)
+            restored = Descriptor(tuple(sorted(tokens, key=lambda t: t.kg_start)))
+            origin = {"kind": "restore", "tokens": restored.to_json()}
+        else:
+            row = self.store.read_operator(s.operator)
+            committed = row.committed if row is not None else None
+            policy = self.options.on_fresh_start
+            if committed is None:
+                origin = {"kind": "fresh"}
+            elif policy == "fail":
+                raise fresh_start_conflict(self.store, self.options, s.operator, committed)
+            elif policy == "resume":
+                tokens = list(committed.parts)
+                restored = committed
+                origin = {"kind": "resume", "tokens": committed.to_json()}
+            else:
+                origin = {"kind": "truncate"}
+                reset = True
+        snapshots = self.store.list_snapshots(s.operator)
+        mine = [t for t in tokens or () if t.kg_end >= s.key_group_start
+                and t.kg_start <= s.key_group_end]
+        if tokens is not None:
+            self._check_restorable(mine, snapshots)
+            parents = self._load_lineages({t.branch for t in mine})
+            build = lambda b: lineage_from_tokens(  # noqa: E731
+                b, s.key_group_start, s.key_group_end, mine, parents)
+            lineage_json = build(0).to_json()
+        else:
+            build = lambda b: fresh_lineage(b, s.key_group_start, s.key_group_end)  # noqa: E731
+            lineage_json = build(0).to_json()
+        self.branch = self.store.allocate_branch(
+            s.operator, s.key_group_start, s.key_group_end, lineage_json, origin, s.job_id,
+            s.subtask_index, s.attempt)
+        self.lineage = build(self.branch)
+        self._lineages[self.branch] = self.lineage
+        self.fence = Fence(s.operator, self.branch, s.key_group_start, s.key_group_end)
+        before, _ = self.store.claim(self.fence, restored, reset=reset)
+        self.restored = restored
+        self.table.visibility = self.lineage.head
+        if mine:
+            # Flink restores only completed snapshots: mark them, their notification may
+            # have been lost.
+            self.store.mark_completed(s.operator, [(t.branch, t.epoch) for t in mine],
+                                      self.fence)
+        self._forget_abandoned(snapshots, before, reset)
+        log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s)",
+                 s.operator, s.subtask_index, s.attempt, s.key_group_start, s.key_group_end,
+                 self.branch, origin["kind"])
 
-    def _invalidate_savepoints_after(self, epoch: int) -> None:
-        """Savepoints newer than `epoch` lose their rows in the coming roll-back: mark them,
-        so that restoring one later fails loudly instead of reading wrong state. (Subtask 0
-        does it for all; a known limit, see README "Savepoints".)"""
-        if self.scope.subtask_index != 0:
-            return
-        lost = self.store.invalidate_savepoints_after(self.scope.operator, epoch)
-        if lost:
-            log.warning("pyflink-ndb %s: rolling back to epoch %d invalidates savepoints at "
-                        "epochs %s", self.scope.operator, epoch, lost)
+    def _check_restorable(self, tokens: Sequence[Token], snapshots: Sequence[SnapshotRow]
+                          ) -> None:
+        known = {(r.branch, r.epoch) for r in snapshots}
+        for token in tokens:
+            if (token.branch, token.epoch) not in known:
+                raise CheckpointError(
+                    f"The restored snapshot (checkpoint {token.epoch} of branch "
+                    f"{token.branch}, key groups {token.kg_start}-{token.kg_end}) of operator "
+                    f"{self.scope.operator!r} can no longer be restored from "
+                    f"{self.store.describe()}: it was subsumed by later checkpoints, "
+                    "released, aborted, or the namespace was truncated, and its versions may "
+                    "be gone. Restore a later checkpoint or a savepoint that is still listed "
+                    "(pyflink-ndb query shows the committed one).")
+
+    def _forget_abandoned(self, snapshots: Sequence[SnapshotRow],
+                          before: Sequence[tuple[int, int, int]], reset: bool) -> None:
+        """Snapshots this claim makes unrestorable: pending checkpoints of the previous
+        owners of these key groups that the new lineage does not contain (Flink never
+        completed them: it restores the latest completed one), and with truncate every
+        snapshot of the operator."""
+        s = self.scope
+        assert self.lineage is not None
+        if reset:
+            gone = [(r.branch, r.epoch) for r in snapshots]
+        else:
+            previous = {br for a, b, br in before
+                        if b >= s.key_group_start and a <= s.key_group_end}
+            gone = [(r.branch, r.epoch) for r in snapshots
+                    if r.branch in previous and r.status == PENDING
+                    and r.kind != KIND_SAVEPOINT and not self._in_lineage(r)]
+        if gone:
+            self.store.delete_snapshots(s.operator, gone, self.fence)
+
+    def _in_lineage(self, snap: SnapshotRow) -> bool:
+        """True when the snapshot's own versions are visible to this branch's head in the
+        key groups they share, i.e. it is an ancestor state of this branch."""
+        assert self.lineage is not None
+        a = max(snap.kg_start, self.scope.key_group_start)
+        b = min(snap.kg_end, self.scope.key_group_end)
+        if a > b:
+            return False
+        return in_ranges(version_of(snap.branch, snap.epoch), self.lineage.head(a))
+
+    def _load_lineages(self, branches: set[int]) -> dict[int, Lineage]:
+        missing = branches - self._lineages.keys()
+        if missing:
+            for bid, row in self.store.load_branches(missing).items():
+                self._lineages[bid] = row.lineage
+        absent = branches - self._lineages.keys()
+        if absent:
+            raise CheckpointError(f"Branches {sorted(absent)} of operator "
+                                  f"{self.scope.operator!r} are missing from "
+                                  f"{self.store.describe()}.")
+        return {b: self._lineages[b] for b in branches}
 
     def prefetch(self, state_ids: Sequence[int]) -> int:
-        """Eager restore: copy the subtask's newest versions into tiers 1-2 (clean)."""
+        """Eager restore: copy the subtask's visible versions into tiers 1-2 (clean)."""
         s = self.scope
+        assert self.lineage is not None
         count = 0
         for state_id, key_group, ukey, version in self.store.scan_key_groups(
-                state_ids, s.key_group_start, s.key_group_end):
+                state_ids, s.key_group_start, s.key_group_end, self.lineage.head):
             if not version.tombstone:
                 self.table.preload(state_id, ukey, key_group, version.value,
                                    version.expires_at_ms)
@@ -166,91 +258,173 @@ class EpochProtocol:
         return count
 
     # -- checkpoints ----------------------------------------------------------------------
-    def epoch_of(self, checkpoint_id: int) -> int:
-        return self.epoch_offset + checkpoint_id
+    def _require_open(self) -> Fence:
+        if self.fence is None:
+            raise CheckpointError("The checkpoint protocol was used before open().")
+        return self.fence
 
-    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> int:
-        """Write every dirty entry as epoch `offset + checkpoint_id`; durable on return.
+    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False,
+                 kind: str | None = None) -> Token:
+        """Write every dirty entry as `branch << 32 | checkpoint_id`; durable on return.
 
-        :returns: rows written.
+        :returns: the token to store in Flink's union list state.
         :raises ValueTooLargeError: a value exceeds `value.max-bytes` or an encoded key
             exceeds the store's key limit (nothing written).
+        :raises FencedError: a newer attempt owns these key groups.
         :raises CheckpointError: the store failed; the checkpoint must fail.
         """
-        epoch = self.epoch_of(checkpoint_id)
-        if self._invalidated is None:
-            self._invalidated = set(self.store.invalidated_epochs(self.scope.operator))
-        if epoch in self._invalidated:
-            # A restore rolled this epoch back earlier; this checkpoint re-uses it.
-            self.store.clear_invalidation(self.scope.operator, epoch)
-            self._invalidated.discard(epoch)
+        fence = self._require_open()
+        if not 0 < checkpoint_id <= MAX_EPOCH:
+            raise CheckpointError(f"Checkpoint id {checkpoint_id} is outside 1..{MAX_EPOCH}.")
+        version = version_of(self.branch, checkpoint_id)
         rows = self.table.dirty_rows(self._json_of)
+        kind = kind or (KIND_SAVEPOINT if is_savepoint else KIND_CHECKPOINT)
         try:
-            self.store.write_epoch(epoch, rows, self.options.value_max_bytes)
-        except ValueTooLargeError:
+            self.rows_written += self.store.write_versions(fence, version, rows,
+                                                           self.options.value_max_bytes)
+            self.store.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
+        except (ValueTooLargeError, CheckpointError):
             raise
         except Exception as err:
             raise CheckpointError(
-                f"Checkpoint {checkpoint_id} (epoch {epoch}) could not be written to "
-                f"{self.store.describe()}: {err}") from err
+                f"Checkpoint {checkpoint_id} of {self.scope.operator!r} could not be "
+                f"written to {self.store.describe()}: {err}") from err
         for row in rows:
-            self.ledger.record((row.key_group, row.state_id, row.ukey), epoch, row.tombstone)
+            self.ledger.record((row.key_group, row.state_id, row.ukey), version, row.tombstone)
         self.table.mark_clean()
-        if is_savepoint:
-            # Pin now: Flink notifies completion of a savepoint only on stop-with-savepoint.
-            self.store.commit_epoch(self.scope.operator, epoch, is_savepoint=True,
-                                    job_id=self.scope.job_id)
-        return len(rows)
+        return Token(self.branch, checkpoint_id, self.scope.key_group_start,
+                     self.scope.key_group_end)
 
     def complete(self, checkpoint_id: int) -> None:
-        """Commit marker for the checkpoint, then garbage collection."""
-        epoch = self.epoch_of(checkpoint_id)
-        self.store.commit_epoch(self.scope.operator, epoch, job_id=self.scope.job_id)
+        """Flink completed checkpoint `checkpoint_id`: mark it, move readers to it,
+        apply retention, collect garbage, clean up a bounded batch.
+
+        :raises FencedError: a newer attempt owns these key groups.
+        """
+        fence = self._require_open()
+        self.store.mark_completed(self.scope.operator, [(self.branch, checkpoint_id)], fence)
+        self.latest_completed = max(self.latest_completed, checkpoint_id)
+        self.store.advance_committed(fence, checkpoint_id)
         self.completed += 1
         self.collect_garbage()
 
     def abort(self, checkpoint_id: int) -> None:
-        """Nothing to undo: the rows stay part of this attempt's history and the next
-        completed checkpoint covers them; only a restore rolls back."""
+        """An aborted savepoint releases its pin. An aborted checkpoint's rows stay: they
+        are this branch's history and the next snapshot's delta builds on them."""
+        fence = self._require_open()
+        snaps = [r for r in self.store.list_snapshots(self.scope.operator)
+                 if r.branch == self.branch and r.epoch == checkpoint_id]
+        if snaps and snaps[0].kind == KIND_SAVEPOINT:
+            self.store.delete_snapshots(self.scope.operator, [(self.branch, checkpoint_id)],
+                                        fence)
         log.info("pyflink-ndb %s/%d: checkpoint %d aborted", self.scope.operator,
                  self.scope.subtask_index, checkpoint_id)
 
     def final_flush(self) -> int:
         """Bounded input without checkpointing: write and commit one final epoch."""
-        latest = self.store.latest_committed_epoch(self.scope.operator) or 0
-        checkpoint_id = max(latest, self.restored_epoch or 0) + 1 - self.epoch_offset
-        written = self.snapshot(checkpoint_id)
-        self.complete(checkpoint_id)
-        return written
+        before = self.rows_written
+        self.snapshot(FINAL_EPOCH, kind=KIND_FINAL)
+        self.complete(FINAL_EPOCH)
+        return self.rows_written - before
 
-    def protected_epochs(self) -> tuple[list[int], int, int | None]:
-        """(protected epochs, latest completed epoch, keep-from epoch) from the markers.
+    # -- retention, garbage collection, cleanup -----------------------------------------
+    def protected_snapshots(self) -> list[SnapshotRow]:
+        """The snapshots whose versions must stay, after applying retention to the
+        lineage (which deletes the snapshot rows that fell out of it)."""
+        s = self.scope
+        retained = (self.options.checkpoints_retained or 1) + 1  # +1 for readers (P4)
+        rows = [r for r in self.store.list_snapshots(s.operator)
+                if r.kg_end >= s.key_group_start and r.kg_start <= s.key_group_end]
+        lineage = [r for r in rows if r.kind != KIND_SAVEPOINT and self._in_lineage(r)]
+        lineage.sort(key=lambda r: version_of(r.branch, r.epoch))
+        completed = [r for r in lineage if r.status == COMPLETED]
+        if completed:
+            top = version_of(completed[-1].branch, completed[-1].epoch)
+            at_or_below = [r for r in lineage if version_of(r.branch, r.epoch) <= top]
+            dropped = at_or_below[:-retained]
+            if dropped:
+                self.store.delete_snapshots(s.operator, [(r.branch, r.epoch) for r in dropped],
+                                            self.fence)
+                gone = {(r.branch, r.epoch) for r in dropped}
+                rows = [r for r in rows if (r.branch, r.epoch) not in gone]
+        return rows
 
-        Flink retains the last `checkpoints.retained` completed checkpoints, but may skip
-        the notification of a checkpoint that another one completes right after: such a
-        checkpoint has no marker. So every version at or above the oldest retained marker
-        is kept (keep-from), which covers any unmarked checkpoint in between.
-        """
-        markers = self.store.committed_epochs(self.scope.operator)
-        checkpoints = sorted({e for e, sp in markers if not sp})
-        savepoints = [e for e, sp in markers if sp]
-        retained = checkpoints[-(self.options.checkpoints_retained or 1):]
-        latest = checkpoints[-1] if checkpoints else -1
-        keep_from = retained[0] if retained else None
-        return sorted(set(retained + savepoints)), latest, keep_from
+    def _views(self, key_group: int, protected: Sequence[SnapshotRow]) -> list[Ranges]:
+        assert self.lineage is not None
+        lineages = self._load_lineages({r.branch for r in protected})
+        views = [self.lineage.head(key_group)]
+        for r in protected:
+            if r.kg_start <= key_group <= r.kg_end:
+                views.append(lineages[r.branch].at(key_group, r.epoch))
+        return views
 
     def collect_garbage(self) -> int:
-        """Delete versions no retained checkpoint or savepoint needs, and expired rows;
-        subtask 0 also prunes commit markers older than the retained ones."""
-        protected, latest, keep_from = self.protected_epochs()
-        deletions = self.ledger.collect(protected, latest, keep_from)
+        """Delete versions no protected snapshot needs, expired rows, and a bounded batch
+        of abandoned versions; returns rows removed."""
+        fence = self._require_open()
+        assert self.lineage is not None
+        protected = self.protected_snapshots()
+        keep_above = version_of(self.branch, self.latest_completed)
         removed = 0
+        pending = sorted(self.ledger.pending)
+        unknown = [ref for ref in pending
+                   if (e := self.ledger.get(ref)) is None or not e.complete]
+        if unknown:
+            for ref, stored in self.store.read_versions(unknown).items():
+                self.ledger.learn(ref, stored)
+        views_by_kg: dict[int, list[Ranges]] = {}
+        deletions: list[Deletion] = []
+        done = []
+        for ref in pending:
+            entry = self.ledger.get(ref)
+            if entry is None:
+                continue
+            kg = ref[0]
+            views = views_by_kg.get(kg)
+            if views is None:
+                views = views_by_kg[kg] = self._views(kg, protected)
+            keep = versions_to_keep(entry.versions, entry.tombstones, views, keep_above)
+            drop = {v for v in entry.versions if v not in keep}
+            for v in sorted(drop):
+                deletions.append(Deletion(kg, ref[1], ref[2], v))
+            self.ledger.forget_versions(ref, drop)
+            if all(v <= keep_above for v in keep):
+                done.append(ref)
         if deletions:
-            removed += self.store.delete_versions(deletions)
+            removed += self.store.delete_exact(fence, deletions)
+        self.ledger.pending.difference_update(done)
         if self._ttl_states:
-            s = self.scope
-            removed += self.store.delete_expired(sorted(self._ttl_states), s.key_group_start,
-                                                 s.key_group_end, self.clock_ms())
-        if self.scope.subtask_index == 0 and keep_from is not None:
-            self.store.prune_commit_markers(self.scope.operator, keep_from)
+            for seg in self.lineage.segments:
+                removed += self.store.delete_expired(
+                    fence, sorted(self._ttl_states), seg.kg_start, seg.kg_end,
+                    self.lineage.head(seg.kg_start), self.clock_ms())
+        removed += self.clean_up(protected)
+        return removed
+
+    def clean_up(self, protected: Sequence[SnapshotRow],
+                 budget: int = CLEANUP_STATEMENTS_PER_CHECKPOINT) -> int:
+        """Delete, in at most `budget` bounded statements, rows of this operator's states
+        in this subtask's key groups that neither this branch nor any protected snapshot
+        sees (abandoned branches, epochs after a restore point, zombies' writes)."""
+        fence = self._require_open()
+        s = self.scope
+        limit = self.store.write_batch_rows * 10
+        upper = own_range(self.branch)[1]
+        state_ids = self.store.state_ids(s.operator)
+        removed = 0
+        for kg in range(s.key_group_start, s.key_group_end + 1):
+            gaps = complement([r for view in self._views(kg, protected) for r in view],
+                              0, upper)
+            for sid in state_ids:
+                todo = subtract(gaps, self._cleaned.get((kg, sid), ()))
+                for lo, hi in todo:
+                    if budget <= 0:
+                        return removed
+                    budget -= 1
+                    n = self.store.delete_range(fence, sid, kg, lo, hi, limit)
+                    removed += n
+                    if n < limit:
+                        self._cleaned[(kg, sid)] = normalize(
+                            self._cleaned.get((kg, sid), ()) + ((lo, hi),))
+        self.cleanup_rows += removed
         return removed

@@ -27,12 +27,13 @@ from typing import Any, Protocol
 
 from cachetools import LRUCache
 
-from pyflink_ndb.checkpoint.protocol import EpochProtocol, SubtaskScope
+from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.serialization.values import SERIALIZER_NAME, decode_value, value_json
 from pyflink_ndb.stores.base import StateStore, now_ms
 from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.stores.lineage import Token
 from pyflink_ndb.tiers.local import LocalTier
 from pyflink_ndb.tiers.table import TieredTable
 
@@ -57,6 +58,10 @@ class BindInfo:
     key_group_start: int = 0
     key_group_end: int = 127
     restored_checkpoint_id: int | None = None
+    #: Tokens of the restored snapshot (JSON texts from Flink's union list state, every
+    #: subtask's); empty when the restored snapshot holds none for this operator.
+    restored_tokens: tuple[str, ...] = ()
+    #: The epoch offset of a checkpoint taken by row format 1 (legacy), else None.
     restored_epoch_offset: int | None = None
     checkpointing_enabled: bool = True
     local_dir: str | None = None
@@ -93,10 +98,10 @@ class SubtaskStateBackend:
                                 f"{uuid.uuid4().hex[:8]}")
             local = LocalTier(path)
         self.table = TieredTable(self.store, options.cache_max_entries, local)
-        self.protocol = EpochProtocol(
+        self.protocol = CheckpointProtocol(
             self.store, self.table, options,
             SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
-                         info.key_group_end, info.job_id), clock_ms)
+                         info.key_group_end, info.job_id, info.attempt), clock_ms)
         self.protocol.set_json_renderer(self._render_json)
         self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
         self._kg_cache: LRUCache = LRUCache(maxsize=max(options.cache_max_entries, 10_000))
@@ -105,7 +110,7 @@ class SubtaskStateBackend:
         self.current_key_group = -1
         #: True once records set the current key themselves (see :meth:`attach_operation`).
         self.keys_from_records = False
-        self.protocol.restore(info.restored_checkpoint_id, info.restored_epoch_offset)
+        self.protocol.open(restored_tokens(self.store, info))
         if options.restore_mode == "eager":
             loaded = self.protocol.prefetch(self.store.state_ids(info.operator))
             log.info("pyflink-ndb %s/%d prefetched %d entries", info.operator,
@@ -164,11 +169,12 @@ class SubtaskStateBackend:
 
         self.keys_from_records = hook_record_keys(operation, self.set_current_key)
 
-    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> int:
-        return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint))
+    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
+        """Write the dirty delta as checkpoint `checkpoint_id`; durable on return.
 
-    def epoch_offset(self) -> int:
-        return self.protocol.epoch_offset
+        :returns: the token (JSON text) the bridge stores in Flink's union list state.
+        """
+        return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint)).to_json()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.protocol.complete(int(checkpoint_id))
@@ -190,6 +196,27 @@ class SubtaskStateBackend:
             self.table.close()
         finally:
             self.store.close()
+
+
+def restored_tokens(store: StateStore, info: BindInfo) -> list[Token] | None:
+    """The tokens of the snapshot this subtask restores, or None for a fresh start.
+
+    A restored snapshot without tokens was taken before the operator had tiered state (a
+    fresh start for it), or by row format 1 (it carries the legacy epoch offset instead):
+    that one is restored from the root branch that `pyflink-ndb migrate` created.
+
+    :raises CheckpointError: a format-1 checkpoint on a namespace that was not migrated.
+    """
+    if info.restored_checkpoint_id is None:
+        return None
+    if info.restored_tokens:
+        return [Token.from_json(t) for t in info.restored_tokens]
+    if info.restored_epoch_offset is None:
+        return None
+    from pyflink_ndb.stores.migrate import legacy_tokens
+
+    return legacy_tokens(store, info.operator,
+                         info.restored_epoch_offset + info.restored_checkpoint_id)
 
 
 def _safe(text: str) -> str:

@@ -31,7 +31,7 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
     options = info.get("options") or {}
     if isinstance(options, str):
         options = json.loads(options) if options else {}
-    cluster = info.get("cluster_options") or {}
+    cluster = {**(info.get("cluster_options") or {}), **(info.get("job_options") or {})}
     local_dirs = info.get("local_dirs") or []
     job_options = dict(options)
     operator = job_options.pop(OPERATOR_KEY, None) or info.get("operator_id")
@@ -45,6 +45,7 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
         key_group_start=int(info.get("key_group_start", 0)),
         key_group_end=int(info.get("key_group_end", 127)),
         restored_checkpoint_id=_opt_int(info.get("restored_checkpoint_id")),
+        restored_tokens=tuple(str(t) for t in info.get("restored_tokens") or ()),
         restored_epoch_offset=_opt_int(info.get("restored_epoch_offset")),
         checkpointing_enabled=bool(info.get("checkpointing_enabled", True)),
         local_dir=local_dirs[0] if local_dirs else None,

@@ -1,35 +1,59 @@
-"""The store contract and the SQL shared by every driver.
+"""The store contract and the SQL shared by every driver (row format 2, docs/protocol.md).
 
-A store keeps, per namespace, three tables:
+A store keeps, per namespace:
 
-* `<ns>_state`: one row per (key group, state id, user key, epoch, chunk) with the value
-  bytes (`vbytes`), a JSON rendering (`vjson`), a tombstone flag, the TTL expiry and the
-  row format version. Values larger than :data:`CHUNK_BYTES` are split over chunks
-  `0..chunks-1` of the same version.
-* `<ns>_epochs`: one commit marker per (operator, epoch) of a completed checkpoint.
-* `<ns>_catalog`: one row per declared state (operator, name, kind, serializer, TTL,
-  format version).
+* `<ns>_state`: one row per (key group, state id, user key, version, chunk); `version` is
+  `branch << 32 | epoch` (see :mod:`pyflink_ndb.stores.lineage`). Values larger than
+  :data:`CHUNK_BYTES` are split over chunks `0..chunks-1` of the same version.
+* `<ns>_branches`: one row per subtask attempt: its key groups and lineage.
+* `<ns>_snapshots`: one row per restorable subtask snapshot (branch, epoch).
+* `<ns>_operators`: the owner row of each operator (who owns which key groups, and the
+  latest completed checkpoint that readers see).
+* `<ns>_catalog`: one row per declared state.
 
 All SQL is parameterised; identifiers are built only from a validated namespace. The SQL
-is kept to what NDB accepts: primary-key access first, READ COMMITTED, bounded
-transactions (callers batch), BLOB columns for values.
+is what NDB accepts: primary-key access first, READ COMMITTED, locking reads for fencing,
+bounded transactions, BLOB columns for values. Every unit of work is one idempotent
+transaction retried on transient faults (:mod:`pyflink_ndb.stores.retry`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pyflink_ndb.errors import ConfigurationError, StateCompatibilityError, ValueTooLargeError
+from pyflink_ndb.errors import (
+    ConfigurationError,
+    FencedError,
+    StateCompatibilityError,
+    StoreUnavailableError,
+    ValueTooLargeError,
+)
+from pyflink_ndb.stores.lineage import (
+    Descriptor,
+    Lineage,
+    OwnerMap,
+    Ranges,
+    Token,
+    claim_owners,
+    is_current,
+    owners_from_json,
+    owners_to_json,
+    owns,
+)
+from pyflink_ndb.stores.retry import RetryPolicy, run_with_retries
+
+T = TypeVar("T")
 
 #: Version of the row layout written into every row and catalog entry.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: Values are split into chunks of this many bytes (keeps statements well under
 #: max_allowed_packet and NDB operations small).
 CHUNK_BYTES = 256 * 1024
@@ -41,12 +65,16 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 _IDENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
+#: Snapshot kinds and states (docs/protocol.md, "Tables").
+KIND_CHECKPOINT, KIND_SAVEPOINT, KIND_FINAL = "checkpoint", "savepoint", "final"
+PENDING, COMPLETED = "pending", "completed"
+
 
 @dataclass(frozen=True, slots=True)
 class StoredVersion:
-    """The newest stored version of one entry."""
+    """The newest visible version of one entry."""
 
-    epoch: int
+    version: int
     tombstone: bool
     value: bytes | None
     expires_at_ms: int | None
@@ -65,6 +93,55 @@ class WriteRow:
     expires_at_ms: int | None
     #: JSON of the Flink key (None when it does not map to JSON), for SQL readers.
     key_json: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Who writes: the branch of a subtask attempt and the key groups it must still own."""
+
+    operator: str
+    branch: int
+    kg_start: int
+    kg_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRow:
+    """One restorable subtask snapshot."""
+
+    operator: str
+    branch: int
+    epoch: int
+    kind: str
+    status: str
+    kg_start: int
+    kg_end: int
+    created_ms: int
+    job_id: str
+
+    @property
+    def token(self) -> Token:
+        return Token(self.branch, self.epoch, self.kg_start, self.kg_end)
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorRow:
+    """The owner row of one operator."""
+
+    operator: str
+    owners: OwnerMap
+    committed: Descriptor | None
+
+
+@dataclass(frozen=True, slots=True)
+class BranchRow:
+    lineage: Lineage
+    operator: str
+    origin: str
+    job_id: str
+    subtask: int
+    attempt: int
+    created_ms: int
 
 
 def state_id_for(operator: str, name: str) -> int:
@@ -88,8 +165,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def visible(column: str, ranges: Ranges) -> tuple[str, list[int]]:
+    """SQL predicate (and its parameters) for `column` inside any of `ranges`."""
+    if not ranges:
+        return "1 = 0", []
+    params: list[int] = []
+    for lo, hi in ranges:
+        params += [lo, hi]
+    return "(" + " OR ".join(f"{column} BETWEEN ? AND ?" for _ in ranges) + ")", params
+
+
 class StateStore(ABC):
-    """Tier 3 of the tiered state: versioned rows, commit markers and the catalog.
+    """Tier 3 of the tiered state: versioned rows, branches, snapshots, owners, catalog.
 
     Life cycle: :meth:`open` (creates missing tables) before anything else, :meth:`close`
     last; nothing may be called after :meth:`close`. A store object belongs to one
@@ -101,14 +188,22 @@ class StateStore(ABC):
     #: Commit every write batch (bounded transactions, for NDB) or once per epoch.
     commit_each_batch = True
 
-    def __init__(self, namespace: str, write_batch_rows: int = 500) -> None:
+    def __init__(self, namespace: str, write_batch_rows: int = 500,
+                 retry: RetryPolicy | None = None) -> None:
         if not _IDENT_RE.match(namespace):
             raise ConfigurationError(f"Invalid namespace {namespace!r}.")
         self.namespace = namespace
         self.write_batch_rows = write_batch_rows
+        self.retry_policy = retry or RetryPolicy()
+        self.retries = 0
         self.t_state = f"{namespace}_state"
-        self.t_epochs = f"{namespace}_epochs"
+        self.t_branches = f"{namespace}_branches"
+        self.t_snapshots = f"{namespace}_snapshots"
+        self.t_operators = f"{namespace}_operators"
         self.t_catalog = f"{namespace}_catalog"
+        self.t_legacy_epochs = f"{namespace}_epochs"
+        self._conn: Any = None
+        self._closed = False
 
     # -- driver hooks ---------------------------------------------------------------------
     @abstractmethod
@@ -125,6 +220,29 @@ class StateStore(ABC):
     def describe(self) -> str:
         """Where the state is, without secrets (for logs and messages)."""
 
+    @abstractmethod
+    def _table_exists(self, table: str) -> bool: ...
+
+    def _begin(self) -> None:
+        """Start a transaction (explicit: sessions run in autocommit)."""
+        self._conn.begin()
+
+    def _lock_shared(self) -> str:
+        """Suffix of a locking read that blocks writers of the row until commit."""
+        return " LOCK IN SHARE MODE"
+
+    def _lock_update(self) -> str:
+        return " FOR UPDATE"
+
+    def _delete_limited(self, table: str, where: str, params: Sequence[Any],
+                        limit: int) -> int:
+        cur = self._execute(f"DELETE FROM {table} WHERE {where} LIMIT {int(limit)}", params)
+        return max(cur.rowcount, 0)
+
+    def _is_transient(self, err: BaseException) -> bool:
+        """True for faults worth retrying on a fresh connection."""
+        return False
+
     def _translate_error(self, err: Exception) -> Exception | None:
         """A pyflink-ndb error for a driver error, or None to re-raise it unchanged."""
         return None
@@ -135,23 +253,31 @@ class StateStore(ABC):
 
         :param create: False for readers (the CLI): nothing is created.
         :raises StoreUnavailableError: the database cannot be reached.
-        :raises StateCompatibilityError: the tables are missing (`create` False) or have
-            another layout (created by another format version).
+        :raises StateCompatibilityError: the tables are missing (`create` False), have
+            another layout, or hold row format 1 (the message names `pyflink-ndb migrate`).
         """
         self._conn = self._connect()
+        self._closed = False
+        self.check_format()
         if create:
-            for statement in self._ddl():
-                self._execute(statement)
-            self._conn.commit()
+            def ddl() -> None:
+                for statement in self._ddl():
+                    self._execute(statement)
+                self._conn.commit()
+            self._retry("create tables", ddl)
         try:
-            self._query(f"SELECT key_group, state_id, ukey, epoch, chunk, tombstone, chunks, "
+            self._query(f"SELECT key_group, state_id, ukey, version, chunk, tombstone, chunks, "
                         f"expires_at_ms, fmt, vbytes, vjson, kjson FROM {self.t_state} "
                         "WHERE 1 = 0")
-            self._query(f"SELECT operator, epoch, is_savepoint, job_id FROM {self.t_epochs} "
+            self._query(f"SELECT operator, owners, committed FROM {self.t_operators} "
+                        "WHERE 1 = 0")
+            self._query(f"SELECT branch_id, lineage FROM {self.t_branches} WHERE 1 = 0")
+            self._query(f"SELECT operator, branch_id, epoch, status FROM {self.t_snapshots} "
                         "WHERE 1 = 0")
             self._query(f"SELECT state_id, format_version FROM {self.t_catalog} WHERE 1 = 0")
         except Exception as err:
-            self._conn.rollback()
+            with contextlib.suppress(Exception):
+                self._conn.rollback()
             if not create:
                 raise StateCompatibilityError(
                     f"Namespace {self.namespace!r} in {self.describe()} has no pyflink-ndb "
@@ -162,16 +288,39 @@ class StateStore(ABC):
                 f"layout (another pyflink-ndb format version): {err}. Use a new "
                 "state.backend.ndb.namespace, or drop that namespace's tables.") from err
 
+    def connect(self) -> None:
+        """Connect without creating or checking tables (for `pyflink-ndb migrate`)."""
+        self._conn = self._connect()
+        self._closed = False
+
+    def check_format(self) -> None:
+        """:raises StateCompatibilityError: the namespace holds row format 1."""
+        if self._table_exists(self.t_legacy_epochs):
+            raise StateCompatibilityError(
+                f"Namespace {self.namespace!r} in {self.describe()} holds pyflink-ndb row "
+                "format 1 (it has the table "
+                f"{self.t_legacy_epochs}); this version reads format {FORMAT_VERSION}. "
+                f"Convert it once with: pyflink-ndb migrate --url URL --namespace "
+                f"{self.namespace} (no job may run on it meanwhile), or use a new "
+                "state.backend.ndb.namespace.")
+
+    def all_tables(self) -> tuple[str, ...]:
+        return (self.t_state, self.t_branches, self.t_snapshots, self.t_operators,
+                self.t_catalog, self.t_legacy_epochs)
+
     def drop_tables(self) -> None:
-        """Drop the namespace's three tables: all its state, markers and catalog, for good.
+        """Drop the namespace's tables: all its state, history and catalog, for good.
 
         :raises StoreUnavailableError: the database cannot be reached.
         """
-        if getattr(self, "_conn", None) is None:
+        if self._conn is None:
             self._conn = self._connect()
-        for table in (self.t_state, self.t_epochs, self.t_catalog):
-            self._execute(f"DROP TABLE IF EXISTS {table}")
-        self._commit()
+
+        def drop() -> None:
+            for table in self.all_tables():
+                self._execute(f"DROP TABLE IF EXISTS {table}")
+            self._conn.commit()
+        self._retry("drop tables", drop)
 
     def check_connection(self) -> str:
         """Connect once and disconnect; returns :meth:`describe` (for `doctor`).
@@ -185,47 +334,97 @@ class StateStore(ABC):
             self.close()
 
     def close(self) -> None:
-        conn = getattr(self, "_conn", None)
+        conn = self._conn
         self._conn = None
+        self._closed = True
         if conn is not None:
             with contextlib.suppress(Exception):  # the driver may have closed it already
                 conn.close()
+
+    def _reconnect(self) -> None:
+        old, self._conn = self._conn, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+        self._conn = self._connect()
 
     def _sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
     def _execute(self, text: str, params: Sequence[Any] = ()) -> Any:
         cur = self._conn.cursor()
-        try:
-            cur.execute(self._sql(text), tuple(params))
-        except Exception as err:
-            mapped = self._translate_error(err)
-            if mapped is not None:
-                raise mapped from err
-            raise
+        cur.execute(self._sql(text), tuple(params))
         return cur
 
     def _executemany(self, text: str, rows: Sequence[Sequence[Any]]) -> None:
-        cur = self._conn.cursor()
-        try:
-            cur.executemany(self._sql(text), rows)
-        except Exception as err:
-            mapped = self._translate_error(err)
-            if mapped is not None:
-                raise mapped from err
-            raise
+        self._conn.cursor().executemany(self._sql(text), rows)
 
     def _query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return list(self._execute(text, params).fetchall())
 
-    def _commit(self) -> None:
+    def _count_retry(self, attempt: int, err: BaseException, delay_ms: float) -> None:
+        self.retries += 1
+
+    def _retry(self, what: str, unit: Callable[[], T]) -> T:
+        """Run one idempotent unit of work, retried on transient faults.
+
+        :raises StoreUnavailableError: retries spent, or the database is unreachable.
+        """
+        if self._closed:
+            raise StoreUnavailableError(f"The store {self.describe()} is closed.")
+
+        def first_connect_then(unit: Callable[[], T] = unit) -> T:
+            if self._conn is None:  # a reconnect failed when the last retries ran out
+                self._conn = self._connect()
+            return unit()
         try:
-            self._conn.commit()
+            return run_with_retries(first_connect_then, is_transient=self._is_transient,
+                                    recover=self._reconnect, policy=self.retry_policy,
+                                    what=what, where=self.describe(),
+                                    on_retry=self._count_retry)
+        except StoreUnavailableError:
+            raise
         except Exception as err:
             mapped = self._translate_error(err)
             if mapped is not None:
                 raise mapped from err
             raise
+
+    def _read(self, what: str, text: str, params: Sequence[Any] = ()
+              ) -> list[tuple[Any, ...]]:
+        return self._retry(what, lambda: self._query(text, params))
+
+    def _txn(self, what: str, work: Callable[[], T], fence: Fence | None = None) -> T:
+        """Run `work` in one transaction (after the fence check, when given), retried."""
+        def unit() -> T:
+            self._begin()
+            try:
+                if fence is not None:
+                    self._check_fence(fence)
+                out = work()
+                self._conn.commit()
+                return out
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._conn.rollback()
+                raise
+        return self._retry(what, unit)
+
+    # -- fencing --------------------------------------------------------------------------
+    def _check_fence(self, fence: Fence) -> None:
+        """Inside a transaction: lock the owner row shared and check ownership.
+
+        :raises FencedError: another attempt owns some of the fence's key groups.
+        """
+        rows = self._query(f"SELECT owners FROM {self.t_operators} WHERE operator = ?"
+                           + self._lock_shared(), (fence.operator,))
+        owners = owners_from_json(rows[0][0]) if rows else ()
+        if not owns(owners, fence.kg_start, fence.kg_end, fence.branch):
+            raise FencedError(
+                f"Subtask attempt (branch {fence.branch}) of operator {fence.operator!r} no "
+                f"longer owns key groups {fence.kg_start}-{fence.kg_end}: a newer attempt "
+                f"claimed them (owners now: {owners_to_json(owners)}). This attempt was "
+                "replaced by Flink and must stop; nothing it writes from now on is state.")
 
     # -- catalog --------------------------------------------------------------------------
     def register_state(self, operator: str, name: str, kind: str, serializer: str,
@@ -236,14 +435,17 @@ class StateStore(ABC):
             format version, or with TTL switched on/off (as Flink's compatibility check).
         """
         state_id = state_id_for(operator, name)
-        self._execute(
-            f"{self._insert_ignore()} INTO {self.t_catalog} (state_id, operator, state_name, "
-            "state_kind, serializer, ttl_ms, format_version) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (state_id, operator, name, kind, serializer, ttl_ms, FORMAT_VERSION))
-        self._commit()
-        rows = self._query(
-            f"SELECT operator, state_name, state_kind, serializer, ttl_ms, format_version "
-            f"FROM {self.t_catalog} WHERE state_id = ?", (state_id,))
+
+        def insert() -> list[tuple[Any, ...]]:
+            self._execute(
+                f"{self._insert_ignore()} INTO {self.t_catalog} (state_id, operator, "
+                "state_name, state_kind, serializer, ttl_ms, format_version) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (state_id, operator, name, kind, serializer, ttl_ms, FORMAT_VERSION))
+            return self._query(
+                f"SELECT operator, state_name, state_kind, serializer, ttl_ms, format_version "
+                f"FROM {self.t_catalog} WHERE state_id = ?", (state_id,))
+        rows = self._txn("register state", insert)
         if not rows:
             raise StateCompatibilityError(f"Catalog entry for state {name!r} vanished.")
         op, sname, skind, sser, sttl, sfmt = rows[0]
@@ -266,9 +468,9 @@ class StateStore(ABC):
                 f"incompatible with the stored state: {'; '.join(problems)}. Give the state "
                 "a new name, or start on an empty namespace (on-fresh-start: truncate).")
         if sttl != ttl_ms:
-            self._execute(f"UPDATE {self.t_catalog} SET ttl_ms = ? WHERE state_id = ?",
-                          (ttl_ms, state_id))
-            self._commit()
+            self._txn("update TTL", lambda: self._execute(
+                f"UPDATE {self.t_catalog} SET ttl_ms = ? WHERE state_id = ?",
+                (ttl_ms, state_id)))
         return state_id
 
     def catalog(self, operator: str | None = None) -> list[dict[str, Any]]:
@@ -281,54 +483,58 @@ class StateStore(ABC):
             params = (operator,)
         cols = ("state_id", "operator", "state_name", "state_kind", "serializer", "ttl_ms",
                 "format_version")
-        return [dict(zip(cols, row, strict=True)) for row in self._query(sql + " ORDER BY state_id",
-                                                                         params)]
+        return [dict(zip(cols, row, strict=True))
+                for row in self._read("read catalog", sql + " ORDER BY state_id", params)]
 
     def state_ids(self, operator: str) -> list[int]:
         return [row["state_id"] for row in self.catalog(operator)]
 
     # -- reads ----------------------------------------------------------------------------
-    def _join_chunks(self, key_group: int, state_id: int, ukey: bytes, epoch: int,
+    def _join_chunks(self, key_group: int, state_id: int, ukey: bytes, version: int,
                      first: bytes | None, chunks: int) -> bytes | None:
         if chunks <= 1:
             return None if first is None else bytes(first)
         rows = self._query(
             f"SELECT chunk, vbytes FROM {self.t_state} WHERE key_group = ? AND state_id = ? "
-            "AND ukey = ? AND epoch = ? AND chunk < ? ORDER BY chunk",
-            (key_group, state_id, ukey, epoch, chunks))
+            "AND ukey = ? AND version = ? AND chunk < ? ORDER BY chunk",
+            (key_group, state_id, ukey, version, chunks))
         parts = [bytes(v) for c, v in rows]
         if len(parts) != chunks:
             raise StateCompatibilityError(
-                f"Stored value of epoch {epoch} has {len(parts)} of {chunks} chunks.")
+                f"Stored value of version {version} has {len(parts)} of {chunks} chunks.")
         return b"".join(parts)
 
     def read_latest(self, state_id: int, key_group: int, ukey: bytes,
-                    max_epoch: int | None = None) -> StoredVersion | None:
-        """The newest version of an entry (at or below `max_epoch` when given), or None."""
-        sql = (f"SELECT epoch, tombstone, chunks, expires_at_ms, vbytes FROM {self.t_state} "
-               "WHERE key_group = ? AND state_id = ? AND ukey = ? AND chunk = 0")
-        params: list[Any] = [key_group, state_id, ukey]
-        if max_epoch is not None:
-            sql += " AND epoch <= ?"
-            params.append(max_epoch)
-        rows = self._query(sql + " ORDER BY epoch DESC LIMIT 1", params)
-        if not rows:
-            return None
-        epoch, tomb, chunks, expires, vbytes = rows[0]
-        value = None if tomb else self._join_chunks(key_group, state_id, ukey, epoch, vbytes,
-                                                     chunks)
-        return StoredVersion(int(epoch), bool(tomb), value,
-                             None if expires is None else int(expires))
+                    ranges: Ranges) -> StoredVersion | None:
+        """The newest version of an entry inside `ranges` (what one branch or snapshot
+        sees), or None."""
+        where, vparams = visible("version", ranges)
+        sql = (f"SELECT version, tombstone, chunks, expires_at_ms, vbytes FROM {self.t_state} "
+               f"WHERE key_group = ? AND state_id = ? AND ukey = ? AND chunk = 0 AND {where} "
+               "ORDER BY version DESC LIMIT 1")
+
+        def unit() -> StoredVersion | None:
+            rows = self._query(sql, [key_group, state_id, ukey, *vparams])
+            if not rows:
+                return None
+            version, tomb, chunks, expires, vbytes = rows[0]
+            value = None if tomb else self._join_chunks(key_group, state_id, ukey, version,
+                                                         vbytes, chunks)
+            return StoredVersion(int(version), bool(tomb), value,
+                                 None if expires is None else int(expires))
+        return self._retry("read", unit)
 
     def scan_latest(self, state_id: int, key_group: int, prefix: bytes, after: bytes | None,
-                    limit: int) -> list[tuple[bytes, StoredVersion]]:
-        """One page of the newest versions of the entries whose user key starts with
-        `prefix`, in user-key order, strictly after `after`; tombstones included.
+                    limit: int, ranges: Ranges) -> list[tuple[bytes, StoredVersion]]:
+        """One page of the newest visible versions of the entries whose user key starts
+        with `prefix`, in user-key order, strictly after `after`; tombstones included.
 
         At most `limit` entries; a shorter page means the scan is complete.
         """
         upper = prefix_upper_bound(prefix)
-        sql = (f"SELECT s.ukey, s.epoch, s.tombstone, s.chunks, s.expires_at_ms, s.vbytes "
+        outer, oparams = visible("s.version", ranges)
+        inner, iparams = visible("t.version", ranges)
+        sql = (f"SELECT s.ukey, s.version, s.tombstone, s.chunks, s.expires_at_ms, s.vbytes "
                f"FROM {self.t_state} s WHERE s.key_group = ? AND s.state_id = ? "
                "AND s.chunk = 0")
         # One lower bound only: SQLite's planner seeks on the first of two and would re-read
@@ -343,316 +549,482 @@ class StateStore(ABC):
         if upper is not None:
             sql += " AND s.ukey < ?"
             params.append(upper)
-        sql += (f" AND s.epoch = (SELECT MAX(t.epoch) FROM {self.t_state} t WHERE "
-                "t.key_group = s.key_group AND t.state_id = s.state_id AND t.ukey = s.ukey "
-                "AND t.chunk = 0) ORDER BY s.ukey LIMIT ?")
-        params.append(limit)
-        out = []
-        for ukey, epoch, tomb, chunks, expires, vbytes in self._query(sql, params):
-            ukey = bytes(ukey)
-            value = None if tomb else self._join_chunks(key_group, state_id, ukey, epoch,
-                                                         vbytes, chunks)
-            out.append((ukey, StoredVersion(int(epoch), bool(tomb), value,
-                                            None if expires is None else int(expires))))
-        return out
+        sql += (f" AND {outer} AND s.version = (SELECT MAX(t.version) FROM {self.t_state} t "
+                "WHERE t.key_group = s.key_group AND t.state_id = s.state_id AND "
+                f"t.ukey = s.ukey AND t.chunk = 0 AND {inner}) ORDER BY s.ukey LIMIT ?")
+        params += [*oparams, *iparams, limit]
+
+        def unit() -> list[tuple[bytes, StoredVersion]]:
+            out = []
+            for ukey, version, tomb, chunks, expires, vbytes in self._query(sql, params):
+                ukey = bytes(ukey)
+                value = None if tomb else self._join_chunks(key_group, state_id, ukey,
+                                                             version, vbytes, chunks)
+                out.append((ukey, StoredVersion(int(version), bool(tomb), value,
+                                                None if expires is None else int(expires))))
+            return out
+        return self._retry("scan", unit)
 
     def scan_key_groups(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
-                        page_rows: int = 1000) -> Iterator[tuple[int, int, bytes,
-                                                                 StoredVersion]]:
-        """Newest versions of every live entry of `state_ids` in key groups
-        `kg_start..kg_end` (inclusive), paged by `page_rows` (for eager restore)."""
+                        ranges_of: Callable[[int], Ranges], page_rows: int = 1000
+                        ) -> Iterator[tuple[int, int, bytes, StoredVersion]]:
+        """Newest visible versions of every entry of `state_ids` in key groups
+        `kg_start..kg_end` (inclusive; `ranges_of(key_group)` gives what is visible),
+        paged by `page_rows` (for eager restore). Tombstones included."""
         for state_id in state_ids:
             for key_group in range(kg_start, kg_end + 1):
+                ranges = ranges_of(key_group)
                 after: bytes | None = None
                 while True:
-                    page = self.scan_latest(state_id, key_group, b"", after, page_rows)
+                    page = self.scan_latest(state_id, key_group, b"", after, page_rows, ranges)
                     for ukey, version in page:
                         yield state_id, key_group, ukey, version
                     if len(page) < page_rows:
                         break
                     after = page[-1][0]
 
+    def read_versions(self, refs: Sequence[tuple[int, int, bytes]]
+                      ) -> dict[tuple[int, int, bytes], list[tuple[int, bool]]]:
+        """Every stored version (with its tombstone flag) of each entry, ascending; batched
+        by `write.batch-size` entries per query."""
+        out: dict[tuple[int, int, bytes], list[tuple[int, bool]]] = {r: [] for r in refs}
+        for start in range(0, len(refs), self.write_batch_rows):
+            part = refs[start:start + self.write_batch_rows]
+            clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ?)" for _ in part)
+            params: list[Any] = []
+            for kg, sid, ukey in part:
+                params += [kg, sid, ukey]
+            rows = self._read("read versions", f"SELECT key_group, state_id, ukey, version, "
+                              f"tombstone FROM {self.t_state} WHERE chunk = 0 AND ({clause}) "
+                              "ORDER BY version", params)
+            for kg, sid, ukey, version, tomb in rows:
+                out[(int(kg), int(sid), bytes(ukey))].append((int(version), bool(tomb)))
+        return out
+
     # -- writes ---------------------------------------------------------------------------
-    def _row_params(self, epoch: int, row: WriteRow) -> Iterable[tuple[Any, ...]]:
+    def _row_params(self, version: int, row: WriteRow) -> Iterable[tuple[Any, ...]]:
         if row.tombstone or row.value is None:
-            yield (row.key_group, row.state_id, row.ukey, epoch, 0, 1, 1, row.expires_at_ms,
+            yield (row.key_group, row.state_id, row.ukey, version, 0, 1, 1, row.expires_at_ms,
                    FORMAT_VERSION, None, None, row.key_json)
             return
         value = row.value
         chunks = max(1, -(-len(value) // CHUNK_BYTES))
         for chunk in range(chunks):
             part = value[chunk * CHUNK_BYTES:(chunk + 1) * CHUNK_BYTES]
-            yield (row.key_group, row.state_id, row.ukey, epoch, chunk, 0, chunks,
+            yield (row.key_group, row.state_id, row.ukey, version, chunk, 0, chunks,
                    row.expires_at_ms, FORMAT_VERSION, part,
                    row.value_json if chunk == 0 and chunks == 1 else None,
                    row.key_json if chunk == 0 else None)
 
-    def write_epoch(self, epoch: int, rows: Iterable[WriteRow],
-                    value_max_bytes: int | None = None) -> int:
-        """Write entries as versions of `epoch` (idempotent upserts) and commit.
-
-        Every row is checked first: an encoded key over :data:`MAX_UKEY_BYTES` or a value
-        over `value_max_bytes` (None: no limit) raises :class:`ValueTooLargeError` before
-        anything is written. Rows are sent in transactions of at most `write_batch_rows`
-        rows and :data:`MAX_BATCH_BYTES` bytes. Returns the number of database rows written;
-        returns only when every row is committed.
-        """
-        if not isinstance(rows, Sequence):
-            rows = list(rows)  # checked in full before the first write
+    @staticmethod
+    def check_sizes(rows: Iterable[WriteRow], value_max_bytes: int | None,
+                    what: str) -> None:
+        """:raises ValueTooLargeError: a key over :data:`MAX_UKEY_BYTES` or a value over
+        `value_max_bytes` (None: no limit)."""
         for row in rows:
             if len(row.ukey) > MAX_UKEY_BYTES:
                 raise ValueTooLargeError(
                     f"An encoded key of {len(row.ukey)} bytes (state id {row.state_id}) "
                     f"exceeds the limit of {MAX_UKEY_BYTES} bytes (primary-key size of "
-                    f"InnoDB/NDB); epoch {epoch} wrote nothing. Use a shorter key.")
+                    f"InnoDB/NDB); {what} wrote nothing. Use a shorter key.")
             if (value_max_bytes is not None and row.value is not None
                     and len(row.value) > value_max_bytes):
                 raise ValueTooLargeError(
                     f"A value of {len(row.value)} bytes (state id {row.state_id}) exceeds "
-                    f"state.backend.ndb.value.max-bytes={value_max_bytes}; epoch {epoch} "
+                    f"state.backend.ndb.value.max-bytes={value_max_bytes}; {what} "
                     "wrote nothing. Store smaller values or raise the limit.")
-        sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, epoch, chunk, "
+
+    def write_versions(self, fence: Fence, version: int, rows: Iterable[WriteRow],
+                       value_max_bytes: int | None = None) -> int:
+        """Write entries as `version` (idempotent upserts), fenced, and commit.
+
+        Every row is checked first (:meth:`check_sizes`) before anything is written. Rows
+        go in transactions of at most `write_batch_rows` rows and :data:`MAX_BATCH_BYTES`
+        bytes, each of which first checks the fence. Returns the number of database rows
+        written; returns only when every row is committed.
+
+        :raises FencedError: the branch no longer owns its key groups.
+        :raises ValueTooLargeError: see :meth:`check_sizes`.
+        :raises StoreUnavailableError: retries spent.
+        """
+        if not isinstance(rows, Sequence):
+            rows = list(rows)  # checked in full before the first write
+        self.check_sizes(rows, value_max_bytes, f"version {version}")
+        sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, version, chunk, "
                "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) "
                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-        batch: list[tuple[Any, ...]] = []
+        batches: list[list[tuple[Any, ...]]] = [[]]
         batch_bytes = 0
-        written = 0
         for row in rows:
-            for params in self._row_params(epoch, row):
+            for params in self._row_params(version, row):
                 size = (len(params[2]) + len(params[9] or b"") + len(params[10] or "")
                         + len(params[11] or ""))
-                if batch and (len(batch) >= self.write_batch_rows
-                              or batch_bytes + size > MAX_BATCH_BYTES):
-                    self._executemany(sql, batch)
-                    if self.commit_each_batch:
-                        self._commit()
-                    written += len(batch)
-                    batch, batch_bytes = [], 0
-                batch.append(params)
+                current = batches[-1]
+                if current and self.commit_each_batch and (
+                        len(current) >= self.write_batch_rows
+                        or batch_bytes + size > MAX_BATCH_BYTES):
+                    batches.append([])
+                    batch_bytes = 0
+                batches[-1].append(params)
                 batch_bytes += size
-        if batch:
-            self._executemany(sql, batch)
-            self._commit()
+        written = 0
+        for batch in batches:
+            if not batch:
+                continue
+            if self.commit_each_batch:
+                def one(b: list[tuple[Any, ...]] = batch) -> None:
+                    self._executemany(sql, b)
+                self._txn("write versions", one, fence)
+            else:
+                def all_in_one(b: list[tuple[Any, ...]] = batch) -> None:
+                    for start in range(0, len(b), self.write_batch_rows):
+                        self._executemany(sql, b[start:start + self.write_batch_rows])
+                self._txn("write versions", all_in_one, fence)
             written += len(batch)
         return written
 
-    # -- epochs ---------------------------------------------------------------------------
-    def commit_epoch(self, operator: str, epoch: int, is_savepoint: bool = False,
-                     job_id: str = "") -> None:
-        """Write a marker (idempotent): with `is_savepoint` False the commit marker of a
-        completed checkpoint; with True the pin of a savepoint's epoch (written when the
-        savepoint is taken: Flink sends no completion for most savepoints), which garbage
-        collection keeps until it is released. `job_id` is the Flink job that wrote it."""
-        self._execute(
-            f"{self._insert_ignore()} INTO {self.t_epochs} (operator, epoch, is_savepoint, "
-            "committed_at_ms, job_id) VALUES (?, ?, ?, ?, ?)",
-            (operator, epoch, 1 if is_savepoint else 0, now_ms(), job_id))
-        self._commit()
-
-    def committed_epochs(self, operator: str) -> list[tuple[int, bool]]:
-        """(epoch, is_savepoint) of every commit marker and live savepoint pin of
-        `operator`, oldest first."""
-        return [(int(e), bool(s)) for e, s in self._query(
-            f"SELECT epoch, is_savepoint FROM {self.t_epochs} WHERE operator = ? "
-            f"AND is_savepoint IN (0, 1) ORDER BY epoch, is_savepoint", (operator,))]
-
-    def invalidate_savepoints_after(self, operator: str, epoch: int) -> list[int]:
-        """Turn the pins of savepoints newer than `epoch` into invalidation marks (their
-        rows are being rolled back); returns their epochs."""
-        rows = self._query(f"SELECT epoch FROM {self.t_epochs} WHERE operator = ? AND "
-                           "epoch > ? AND is_savepoint = 1", (operator, epoch))
-        for (pinned,) in rows:
-            self._execute(f"{self._insert_ignore()} INTO {self.t_epochs} (operator, epoch, "
-                          "is_savepoint, committed_at_ms, job_id) VALUES (?, ?, 2, ?, '')",
-                          (operator, pinned, now_ms()))
-            self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch = ? "
-                          "AND is_savepoint = 1", (operator, pinned))
-        self._commit()
-        return [int(e) for (e,) in rows]
-
-    def invalidated_epochs(self, operator: str) -> list[int]:
-        """Epochs of savepoints whose rows a restore rolled back."""
-        return [int(e) for (e,) in self._query(
-            f"SELECT epoch FROM {self.t_epochs} WHERE operator = ? AND is_savepoint = 2",
-            (operator,))]
-
-    def clear_invalidation(self, operator: str, epoch: int) -> None:
-        """Forget the invalidation mark of `epoch`: a new checkpoint re-uses the epoch."""
-        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch = ? AND "
-                      "is_savepoint = 2", (operator, epoch))
-        self._commit()
-
-    def highest_marked_epoch(self, operator: str) -> int | None:
-        """The highest epoch of any marker, pin or invalidation mark of `operator`."""
-        rows = self._query(f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ?",
-                           (operator,))
-        return None if not rows or rows[0][0] is None else int(rows[0][0])
-
-    def is_invalidated(self, operator: str, epoch: int) -> bool:
-        """True when `epoch` was a savepoint whose rows a later restore rolled back."""
-        return bool(self._query(f"SELECT 1 FROM {self.t_epochs} WHERE operator = ? AND "
-                                "epoch = ? AND is_savepoint = 2", (operator, epoch)))
-
-    def latest_committed_epoch(self, operator: str,
-                               exclude_job: str | None = None) -> int | None:
-        """The newest completed checkpoint's epoch (savepoint pins do not count), leaving
-        out the markers of job `exclude_job` when given."""
-        sql = (f"SELECT MAX(epoch) FROM {self.t_epochs} WHERE operator = ? "
-               "AND is_savepoint = 0")
-        params: list[Any] = [operator]
-        if exclude_job is not None:
-            sql += " AND job_id <> ?"
-            params.append(exclude_job)
-        rows = self._query(sql, params)
-        return None if not rows or rows[0][0] is None else int(rows[0][0])
-
-    def delete_job_markers(self, operator: str, job_id: str) -> None:
-        """Remove the commit markers that job `job_id` wrote for `operator`."""
-        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND job_id = ? "
-                      "AND is_savepoint = 0", (operator, job_id))
-        self._commit()
-
-    def prune_commit_markers(self, operator: str, before_epoch: int) -> None:
-        """Remove checkpoint commit markers older than `before_epoch` (pins stay)."""
-        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch < ? "
-                      "AND is_savepoint = 0", (operator, before_epoch))
-        self._commit()
-
-    def release_savepoint(self, operator: str, epoch: int) -> int:
-        """Remove a savepoint pin so that garbage collection may reclaim its versions."""
-        cur = self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch = ? "
-                            "AND is_savepoint = 1", (operator, epoch))
-        self._commit()
-        return max(cur.rowcount, 0)
-
-    def delete_commit_markers(self, operator: str, after_epoch: int = -1) -> None:
-        """Remove commit markers and pins of `operator` newer than `after_epoch` (all by
-        default); invalidation marks stay."""
-        self._execute(f"DELETE FROM {self.t_epochs} WHERE operator = ? AND epoch > ? "
-                      "AND is_savepoint IN (0, 1)", (operator, after_epoch))
-        self._commit()
-
-    # -- roll-back and garbage collection ------------------------------------------------
-    def _delete_in_batches(self, where: str, params: Sequence[Any]) -> int:
-        """Delete matching rows in bounded transactions (NDB fails huge ones)."""
-        total = 0
-        while True:
-            cur = self._execute(
-                f"DELETE FROM {self.t_state} WHERE {where} {self._delete_limit()}", params)
-            count = cur.rowcount
-            self._commit()
-            total += max(count, 0)
-            if not self._delete_limit() or count < self.write_batch_rows * 10:
-                return total
-
-    def _delete_limit(self) -> str:
-        return ""
-
-    def rollback_after(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
-                       epoch: int) -> int:
-        """Delete every version newer than `epoch` of `state_ids` in key groups
-        `kg_start..kg_end`: what a checkpoint that never completed left behind."""
-        total = 0
-        for state_id in state_ids:
-            total += self._delete_in_batches(
-                "key_group BETWEEN ? AND ? AND state_id = ? AND epoch > ?",
-                (kg_start, kg_end, state_id, epoch))
-        return total
-
-    def delete_versions(self, deletions: Sequence[Any]) -> int:
-        """Garbage-collect: each deletion (key_group, state_id, ukey, op, epoch) removes the
-        entry's versions with `epoch < bound` (op "<") or `epoch == bound` (op "=")."""
+    def delete_exact(self, fence: Fence, deletions: Sequence[Any]) -> int:
+        """Delete whole versions: each deletion names (key_group, state_id, ukey, version);
+        batches of `write.batch-size` versions, fenced."""
         total = 0
         for start in range(0, len(deletions), self.write_batch_rows):
             part = deletions[start:start + self.write_batch_rows]
-            clauses = []
+            clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND "
+                                 "version = ?)" for _ in part)
             params: list[Any] = []
             for d in part:
-                op = "<" if d.op == "<" else "="
-                clauses.append(f"(key_group = ? AND state_id = ? AND ukey = ? AND epoch {op} ?)")
-                params += [d.key_group, d.state_id, d.ukey, d.epoch]
-            cur = self._execute(f"DELETE FROM {self.t_state} WHERE " + " OR ".join(clauses),
-                                params)
-            total += max(cur.rowcount, 0)
-            self._commit()
+                params += [d.key_group, d.state_id, d.ukey, d.version]
+            def delete(c: str = clause, p: list[Any] = params) -> int:
+                return max(self._execute(f"DELETE FROM {self.t_state} WHERE {c}", p).rowcount,
+                           0)
+            total += self._txn("delete versions", delete, fence)
         return total
 
-    def delete_expired(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
-                       now: int) -> int:
-        """Delete the versions whose TTL expired before `now` (ms since the Unix epoch).
+    def delete_range(self, fence: Fence, state_id: int, key_group: int, lo: int, hi: int,
+                     limit: int) -> int:
+        """Delete at most `limit` rows of one state and key group with `lo <= version <=
+        hi` (background cleanup of abandoned versions), fenced; returns rows deleted."""
+        return self._txn("clean up", lambda: self._delete_limited(
+            self.t_state, "key_group = ? AND state_id = ? AND version BETWEEN ? AND ?",
+            (key_group, state_id, lo, hi), limit), fence)
 
-        A version is deleted only when no older version of its entry is still live, so an
-        older value can never re-appear (it could after a TTL was shortened). Work goes in
-        batches of `write.batch-size` versions.
+    def delete_expired(self, fence: Fence, state_ids: Sequence[int], kg_start: int,
+                       kg_end: int, ranges: Ranges, now: int) -> int:
+        """Delete the visible versions whose TTL expired before `now` (ms since the Unix
+        epoch) in key groups `kg_start..kg_end` that all see `ranges`.
+
+        A version is deleted only when no older visible version of its entry is still live,
+        so an older value can never re-appear (it could after a TTL was shortened). Work
+        goes in batches of `write.batch-size` versions.
         """
         if not state_ids:
             return 0
+        from pyflink_ndb.checkpoint.gc import Deletion
+
         marks = ", ".join("?" for _ in state_ids)
-        sql = (f"SELECT s.key_group, s.state_id, s.ukey, s.epoch FROM {self.t_state} s "
+        svis, sparams = visible("s.version", ranges)
+        tvis, tparams = visible("t.version", ranges)
+        sql = (f"SELECT s.key_group, s.state_id, s.ukey, s.version FROM {self.t_state} s "
                "WHERE s.chunk = 0 AND s.expires_at_ms IS NOT NULL AND s.expires_at_ms < ? "
-               f"AND s.key_group BETWEEN ? AND ? AND s.state_id IN ({marks}) AND NOT EXISTS ("
-               f"SELECT 1 FROM {self.t_state} t WHERE t.key_group = s.key_group AND "
-               "t.state_id = s.state_id AND t.ukey = s.ukey AND t.epoch < s.epoch AND "
-               "t.chunk = 0 AND t.tombstone = 0 AND (t.expires_at_ms IS NULL OR "
-               "t.expires_at_ms >= ?)) LIMIT ?")
+               f"AND s.key_group BETWEEN ? AND ? AND s.state_id IN ({marks}) AND {svis} "
+               f"AND NOT EXISTS (SELECT 1 FROM {self.t_state} t WHERE t.key_group = "
+               "s.key_group AND t.state_id = s.state_id AND t.ukey = s.ukey AND "
+               f"t.version < s.version AND {tvis} AND t.chunk = 0 AND t.tombstone = 0 AND "
+               "(t.expires_at_ms IS NULL OR t.expires_at_ms >= ?)) LIMIT ?")
         total = 0
         while True:
-            rows = self._query(sql, (now, kg_start, kg_end, *state_ids, now,
-                                     self.write_batch_rows))
+            rows = self._read("find expired", sql, (now, kg_start, kg_end, *state_ids,
+                                                     *sparams, *tparams, now,
+                                                     self.write_batch_rows))
             if not rows:
                 return total
-            from pyflink_ndb.checkpoint.gc import Deletion
-
-            total += self.delete_versions([Deletion(int(kg), int(sid), bytes(ukey), "=",
-                                                    int(epoch))
-                                           for kg, sid, ukey, epoch in rows])
+            total += self.delete_exact(fence, [Deletion(int(kg), int(sid), bytes(ukey),
+                                                        int(version))
+                                               for kg, sid, ukey, version in rows])
             if len(rows) < self.write_batch_rows:
                 return total
 
-    def delete_all(self, state_ids: Sequence[int], kg_start: int, kg_end: int) -> int:
-        """Delete every version of `state_ids` in key groups `kg_start..kg_end`."""
-        return self.rollback_after(state_ids, kg_start, kg_end, -1)
+    # -- branches -------------------------------------------------------------------------
+    def allocate_branch(self, operator: str, kg_start: int, kg_end: int, lineage_json: str,
+                        origin: dict[str, Any], job_id: str, subtask: int,
+                        attempt: int) -> int:
+        """A new branch id, larger than every existing one (`MAX + 1` under the primary
+        key, retried on a duplicate: NDB's AUTO_INCREMENT is not monotonic across MySQL
+        servers)."""
+        origin_json = json.dumps(origin, separators=(",", ":"))
 
+        def unit() -> int | None:
+            rows = self._query(f"SELECT MAX(branch_id) FROM {self.t_branches}")
+            branch = int(rows[0][0] or 0) + 1
+            cur = self._execute(
+                f"{self._insert_ignore()} INTO {self.t_branches} (branch_id, operator, "
+                "kg_start, kg_end, lineage, origin, job_id, subtask, attempt, created_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (branch, operator, kg_start, kg_end, lineage_json, origin_json, job_id,
+                 subtask, attempt, now_ms()))
+            return branch if cur.rowcount == 1 else None
+        for _ in range(100):
+            branch = self._txn("allocate branch", unit)
+            if branch is not None:
+                return branch
+        raise StoreUnavailableError(f"Could not allocate a branch id in {self.describe()} "
+                                    "after 100 tries (heavy contention).")
+
+    def load_branches(self, branch_ids: Iterable[int]) -> dict[int, BranchRow]:
+        ids = sorted(set(branch_ids))
+        out: dict[int, BranchRow] = {}
+        for start in range(0, len(ids), 500):
+            part = ids[start:start + 500]
+            marks = ", ".join("?" for _ in part)
+            for (bid, op, a, b, lineage, origin, job, sub, att, created) in self._read(
+                    "read branches", f"SELECT branch_id, operator, kg_start, kg_end, lineage, "
+                    f"origin, job_id, subtask, attempt, created_ms FROM {self.t_branches} "
+                    f"WHERE branch_id IN ({marks})", part):
+                out[int(bid)] = BranchRow(Lineage.from_json(int(bid), int(a), int(b), lineage),
+                                          op, origin, job, int(sub), int(att), int(created))
+        return out
+
+    def branches_of(self, operator: str) -> list[int]:
+        return [int(b) for (b,) in self._read(
+            "list branches", f"SELECT branch_id FROM {self.t_branches} WHERE operator = ? "
+            "ORDER BY branch_id", (operator,))]
+
+    # -- snapshots ------------------------------------------------------------------------
+    def insert_snapshot(self, fence: Fence, epoch: int, kind: str, job_id: str) -> None:
+        """Record the fence's snapshot at `epoch` as pending (idempotent), fenced."""
+        self._txn("record snapshot", lambda: self._execute(
+            f"{self._insert_ignore()} INTO {self.t_snapshots} (operator, branch_id, epoch, "
+            "kind, status, kg_start, kg_end, created_ms, job_id) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (fence.operator, fence.branch, epoch, kind, PENDING, fence.kg_start,
+             fence.kg_end, now_ms(), job_id)), fence)
+
+    def mark_completed(self, operator: str, keys: Sequence[tuple[int, int]],
+                       fence: Fence | None = None) -> None:
+        """Mark snapshots (branch, epoch) completed."""
+        if not keys:
+            return
+
+        def unit() -> None:
+            for branch, epoch in keys:
+                self._execute(f"UPDATE {self.t_snapshots} SET status = ? WHERE operator = ? "
+                              "AND branch_id = ? AND epoch = ?",
+                              (COMPLETED, operator, branch, epoch))
+        self._txn("mark completed", unit, fence)
+
+    def list_snapshots(self, operator: str | None = None) -> list[SnapshotRow]:
+        sql = (f"SELECT operator, branch_id, epoch, kind, status, kg_start, kg_end, "
+               f"created_ms, job_id FROM {self.t_snapshots}")
+        params: tuple[Any, ...] = ()
+        if operator is not None:
+            sql += " WHERE operator = ?"
+            params = (operator,)
+        return [SnapshotRow(op, int(b), int(e), k, s, int(a), int(z), int(c), j)
+                for op, b, e, k, s, a, z, c, j in self._read(
+                    "list snapshots", sql + " ORDER BY branch_id, epoch", params)]
+
+    def delete_snapshots(self, operator: str, keys: Sequence[tuple[int, int]],
+                         fence: Fence | None = None) -> int:
+        """Forget snapshots (branch, epoch): they can no longer be restored and GC may
+        reclaim what only they needed. Returns the rows deleted."""
+        if not keys:
+            return 0
+
+        def unit() -> int:
+            total = 0
+            for branch, epoch in keys:
+                total += max(self._execute(
+                    f"DELETE FROM {self.t_snapshots} WHERE operator = ? AND branch_id = ? "
+                    "AND epoch = ?", (operator, branch, epoch)).rowcount, 0)
+            return total
+        return self._txn("delete snapshots", unit, fence)
+
+    # -- owner row ------------------------------------------------------------------------
+    def read_operator(self, operator: str) -> OperatorRow | None:
+        rows = self._read("read owner row", f"SELECT owners, committed FROM "
+                          f"{self.t_operators} WHERE operator = ?", (operator,))
+        if not rows:
+            return None
+        return OperatorRow(operator, owners_from_json(rows[0][0]),
+                           Descriptor.from_json(rows[0][1]))
+
+    def operators(self) -> list[OperatorRow]:
+        return [OperatorRow(op, owners_from_json(o), Descriptor.from_json(c))
+                for op, o, c in self._read("read owner rows", f"SELECT operator, owners, "
+                                           f"committed FROM {self.t_operators} ORDER BY operator")]
+
+    def _lock_operator(self, operator: str) -> tuple[OwnerMap, Descriptor | None]:
+        self._execute(f"{self._insert_ignore()} INTO {self.t_operators} (operator, owners, "
+                      "committed, committed_ckpt, fmt, updated_ms) VALUES (?, ?, NULL, 0, ?, ?)",
+                      (operator, "[]", FORMAT_VERSION, now_ms()))
+        rows = self._query(f"SELECT owners, committed FROM {self.t_operators} WHERE "
+                           "operator = ?" + self._lock_update(), (operator,))
+        return owners_from_json(rows[0][0]), Descriptor.from_json(rows[0][1])
+
+    def _write_operator(self, operator: str, owners: OwnerMap,
+                        committed: Descriptor | None) -> None:
+        self._execute(f"UPDATE {self.t_operators} SET owners = ?, committed = ?, "
+                      "committed_ckpt = ?, updated_ms = ? WHERE operator = ?",
+                      (owners_to_json(owners), None if committed is None else
+                       committed.to_json(), 0 if committed is None else
+                       committed.checkpoint_id, now_ms(), operator))
+
+    def claim(self, fence: Fence, restored: Descriptor | None, reset: bool = False
+              ) -> tuple[OwnerMap, Descriptor | None]:
+        """Make the fence's branch the owner of its key groups (one transaction on the
+        owner row, exclusively locked: in-flight writes of the old owner finish first,
+        later ones fail their fence check).
+
+        :param restored: the descriptor of the restored snapshot: becomes what readers see
+            unless `committed` is already a snapshot of the attempts running now.
+        :param reset: readers see nothing until a checkpoint completes (truncate).
+        :returns: (the owners before the claim, committed after it).
+        """
+        def unit() -> tuple[OwnerMap, Descriptor | None]:
+            before, committed = self._lock_operator(fence.operator)
+            after = claim_owners(before, fence.kg_start, fence.kg_end, fence.branch)
+            if reset and not is_current(committed, after):
+                committed = None
+            elif restored is not None and not is_current(committed, after):
+                committed = restored
+            self._write_operator(fence.operator, after, committed)
+            return before, committed
+        return self._txn("claim key groups", unit)
+
+    def advance_committed(self, fence: Fence, epoch: int) -> Descriptor | None:
+        """Move what readers see to checkpoint `epoch` of the attempts running now, when
+        every key group's owner has a snapshot at `epoch`; forward only.
+
+        :returns: the new descriptor, or None when it did not move.
+        :raises FencedError: the fence's branch no longer owns its key groups.
+        """
+        def unit() -> Descriptor | None:
+            owners, committed = self._lock_operator(fence.operator)
+            if not owns(owners, fence.kg_start, fence.kg_end, fence.branch):
+                self._check_fence(fence)  # raises FencedError with the details
+            if is_current(committed, owners) and committed is not None and all(
+                    t.epoch >= epoch for t in committed.parts):
+                return None
+            branches = sorted({br for _, _, br in owners})
+            marks = ", ".join("?" for _ in branches)
+            have = {int(b) for (b,) in self._query(
+                f"SELECT branch_id FROM {self.t_snapshots} WHERE operator = ? AND epoch = ? "
+                f"AND branch_id IN ({marks})", (fence.operator, epoch, *branches))}
+            if not set(branches) <= have:
+                return None
+            new = Descriptor(tuple(Token(br, epoch, a, b) for a, b, br in owners))
+            self._write_operator(fence.operator, owners, new)
+            return new
+        return self._txn("advance committed", unit)
+
+    # -- readers --------------------------------------------------------------------------
     def count_rows(self, state_ids: Sequence[int] | None = None) -> int:
         """Number of rows in the state table (of `state_ids` when given)."""
         if state_ids is None:
-            return int(self._query(f"SELECT COUNT(*) FROM {self.t_state}")[0][0])
+            return int(self._read("count", f"SELECT COUNT(*) FROM {self.t_state}")[0][0])
         if not state_ids:
             return 0
         marks = ", ".join("?" for _ in state_ids)
-        return int(self._query(
-            f"SELECT COUNT(*) FROM {self.t_state} WHERE state_id IN ({marks})",
-            tuple(state_ids))[0][0])
+        return int(self._read("count", f"SELECT COUNT(*) FROM {self.t_state} WHERE "
+                              f"state_id IN ({marks})", tuple(state_ids))[0][0])
 
-    def committed_view_sql(self) -> str:
-        """A SELECT of the committed state: newest version at or below the latest commit
-        marker of its operator, tombstones and chunks > 0 left out."""
-        return (
-            f"SELECT c.operator, c.state_name, s.key_group, s.ukey, s.kjson, s.epoch, s.vjson, "
-            f"s.vbytes, s.expires_at_ms FROM {self.t_state} s JOIN {self.t_catalog} c ON "
-            "c.state_id = s.state_id WHERE s.chunk = 0 AND s.tombstone = 0 AND s.epoch = ("
-            f"SELECT MAX(t.epoch) FROM {self.t_state} t WHERE t.key_group = s.key_group AND "
-            "t.state_id = s.state_id AND t.ukey = s.ukey AND t.chunk = 0 AND t.epoch <= ("
-            f"SELECT MAX(e.epoch) FROM {self.t_epochs} e WHERE e.operator = c.operator "
-            "AND e.is_savepoint = 0))")
+    def committed_segments(self, descriptor: Descriptor
+                           ) -> list[tuple[int, int, Ranges, Token]]:
+        """(kg_start, kg_end, ranges, part) for each key-group segment of a descriptor:
+        what a reader of that snapshot sees where."""
+        branches = self.load_branches(t.branch for t in descriptor.parts)
+        out = []
+        for part in descriptor.parts:
+            row = branches.get(part.branch)
+            if row is None:
+                raise StateCompatibilityError(f"Branch {part.branch} of the committed "
+                                              "checkpoint is missing from the store.")
+            for seg in row.lineage.segments:
+                a, b = max(part.kg_start, seg.kg_start), min(part.kg_end, seg.kg_end)
+                if a <= b:
+                    out.append((a, b, row.lineage.at(a, part.epoch), part))
+        return out
+
+    def committed_sql(self, operator: str) -> tuple[str, list[Any]]:
+        """A SELECT (and its parameters) of the committed state of `operator` as of now:
+        the newest visible version per entry, tombstones and chunks > 0 left out. The
+        version ranges are literals: valid until `committed` moves (see docs/protocol.md).
+
+        :raises StateCompatibilityError: the operator has no completed checkpoint.
+        """
+        row = self.read_operator(operator)
+        if row is None or row.committed is None:
+            raise StateCompatibilityError(f"Operator {operator!r} has no completed "
+                                          f"checkpoint in namespace {self.namespace!r}.")
+        clauses, params = [], []
+        for a, b, ranges, _ in self.committed_segments(row.committed):
+            svis, sp = visible("s.version", ranges)
+            tvis, tp = visible("t.version", ranges)
+            clauses.append(f"(s.key_group BETWEEN ? AND ? AND {svis} AND s.version = ("
+                           f"SELECT MAX(t.version) FROM {self.t_state} t WHERE t.key_group = "
+                           "s.key_group AND t.state_id = s.state_id AND t.ukey = s.ukey AND "
+                           f"t.chunk = 0 AND {tvis}))")
+            params += [a, b, *sp, *tp]
+        sql = (f"SELECT c.operator, c.state_name, s.key_group, s.ukey, s.kjson, s.version, "
+               f"s.vjson, s.vbytes, s.chunks, s.expires_at_ms FROM {self.t_state} s JOIN "
+               f"{self.t_catalog} c ON c.state_id = s.state_id WHERE c.operator = ? AND "
+               "s.chunk = 0 AND s.tombstone = 0 AND (" + " OR ".join(clauses) + ")")
+        return sql, [operator, *params]
+
+    def iter_committed(self, operator: str, state_name: str | None = None,
+                       page_rows: int = 1000) -> Iterator[dict[str, Any]]:
+        """The committed entries of `operator` (of one state when given), paged in
+        primary-key order, values joined from all their chunks. Only what is consumed is
+        read."""
+        row = self.read_operator(operator)
+        if row is None or row.committed is None:
+            return
+        states = {r["state_id"]: r["state_name"] for r in self.catalog(operator)
+                  if state_name is None or r["state_name"] == state_name}
+        if not states:
+            return
+        marks = ", ".join("?" for _ in states)
+        cols = ("key_group", "state_id", "ukey", "kjson", "version", "vjson", "vbytes",
+                "chunks", "expires_at_ms")
+        for a, b, ranges, part in self.committed_segments(row.committed):
+            svis, sp = visible("s.version", ranges)
+            tvis, tp = visible("t.version", ranges)
+            after: tuple[int, int, bytes] | None = None
+            while True:
+                cursor_sql, cursor_params = "", []
+                if after is not None:
+                    cursor_sql = (" AND (s.key_group > ? OR (s.key_group = ? AND (s.state_id "
+                                  "> ? OR (s.state_id = ? AND s.ukey > ?))))")
+                    cursor_params = [after[0], after[0], after[1], after[1], after[2]]
+                rows = self._read(
+                    "read committed",
+                    f"SELECT s.key_group, s.state_id, s.ukey, s.kjson, s.version, s.vjson, "
+                    f"s.vbytes, s.chunks, s.expires_at_ms FROM {self.t_state} s WHERE "
+                    f"s.key_group BETWEEN ? AND ? AND s.state_id IN ({marks}) AND "
+                    f"s.chunk = 0 AND s.tombstone = 0 AND {svis}{cursor_sql} AND s.version = "
+                    f"(SELECT MAX(t.version) FROM {self.t_state} t WHERE t.key_group = "
+                    "s.key_group AND t.state_id = s.state_id AND t.ukey = s.ukey AND "
+                    f"t.chunk = 0 AND {tvis}) ORDER BY s.key_group, s.state_id, s.ukey "
+                    "LIMIT ?", [a, b, *states, *sp, *cursor_params, *tp, page_rows])
+                for r in rows:
+                    rec = dict(zip(cols, r, strict=True))
+                    rec["ukey"] = bytes(rec["ukey"])
+                    rec["operator"] = operator
+                    rec["state_name"] = states[int(rec["state_id"])]
+                    rec["checkpoint"] = part.epoch
+                    def join(rec: dict[str, Any] = rec) -> bytes | None:
+                        return self._join_chunks(int(rec["key_group"]), int(rec["state_id"]),
+                                                 rec["ukey"], int(rec["version"]),
+                                                 rec["vbytes"], int(rec["chunks"]))
+                    rec["vbytes"] = self._retry("read chunks", join)
+                    yield rec
+                if len(rows) < page_rows:
+                    break
+                last = rows[-1]
+                after = (int(last[0]), int(last[1]), bytes(last[2]))
 
     def query_committed(self, operator: str | None = None,
                         state_name: str | None = None) -> list[dict[str, Any]]:
-        """Rows of :meth:`committed_view_sql`, optionally for one operator and state."""
-        sql = "SELECT * FROM (" + self.committed_view_sql() + ") q WHERE 1 = 1"
-        params: list[Any] = []
-        if operator is not None:
-            sql += " AND q.operator = ?"
-            params.append(operator)
-        if state_name is not None:
-            sql += " AND q.state_name = ?"
-            params.append(state_name)
-        cols = ("operator", "state_name", "key_group", "ukey", "kjson", "epoch", "vjson",
-                "vbytes", "expires_at_ms")
-        out = []
-        for row in self._query(sql, params):
-            rec = dict(zip(cols, row, strict=True))
-            rec["ukey"] = bytes(rec["ukey"])
-            rec["vbytes"] = None if rec["vbytes"] is None else bytes(rec["vbytes"])
-            out.append(rec)
-        return out
+        """Every committed entry (of all operators, or one; of one state when given)."""
+        ops = [operator] if operator is not None else [o.operator for o in self.operators()]
+        return [rec for op in ops for rec in self.iter_committed(op, state_name)]

@@ -20,9 +20,16 @@ def create_store(options: NdbStateOptions) -> StateStore:
                                 options.write_batch_rows)
     if url.startswith("mysql://"):
         from pyflink_ndb.stores.mysql import MysqlStateStore
+        from pyflink_ndb.stores.retry import RetryPolicy
 
-        return MysqlStateStore(url, options.namespace, options.write_batch_rows,
-                               user=options.user, password=options.resolve_password())
+        socket_timeout_s = options.db_socket_timeout_ms / 1000.0
+        return MysqlStateStore(
+            url, options.namespace, options.write_batch_rows, user=options.user,
+            password=options.resolve_password(), read_timeout_s=socket_timeout_s,
+            write_timeout_s=socket_timeout_s,
+            retry=RetryPolicy(max_attempts=options.db_retry_max_attempts,
+                              max_backoff_ms=options.db_retry_max_backoff_ms,
+                              deadline_ms=options.db_retry_deadline_ms))
     raise ConfigurationError(
         "state.backend.ndb.url must start with mysql:// or sqlite:/// "
         f"(got a URL starting with {url.split(':', 1)[0]!r}).")

@@ -5,11 +5,15 @@ with `ENGINE=NDBCLUSTER` and `PARTITION BY KEY (key_group)`; elsewhere with Inno
 Sessions run in autocommit at READ COMMITTED, the only isolation level NDB offers: every
 statement is its own bounded transaction, and no read keeps a transaction (or a metadata
 lock) open, so a running job never blocks DDL. Driver errors are mapped by error number
-or class (PEP 249 / pymysql), never by message text.
+or class (PEP 249 / pymysql), never by message text; the one exception is the NDB error
+code, which NDB passes only inside the text of MySQL errors 1296/1297 (see
+:func:`ndb_error_code`). Every socket operation has a timeout (connect, read, write).
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import socket
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -19,6 +23,7 @@ import pymysql
 from pyflink_ndb.config import redact_url
 from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError, ValueTooLargeError
 from pyflink_ndb.stores.base import StateStore
+from pyflink_ndb.stores.retry import DEFAULT_RETRY_POLICY, RetriesExhaustedError, RetryPolicy
 
 #: Client error numbers meaning "the server cannot be reached or went away".
 _UNREACHABLE = {2002, 2003, 2005, 2006, 2013, 2055}
@@ -26,6 +31,115 @@ _ACCESS_DENIED = {1044, 1045, 1698}
 _PACKET_TOO_LARGE = {1153, 1301}
 _UNKNOWN_DATABASE = 1049
 _UNKNOWN_HOST = 2005
+
+#: Client errors (CR_*) of a connection that failed or died: 2002/2003 cannot connect
+#: (2003 is also what a server restart gives), 2006 server gone away, 2013 lost during a
+#: query (pymysql's read timeout too), 2055 lost (MySQL 8 client).
+TRANSIENT_CLIENT_ERRORS = frozenset({2002, 2003, 2006, 2013, 2055})
+#: Server errors worth a retry of the whole transaction: 1053 ER_SERVER_SHUTDOWN, 1205
+#: ER_LOCK_WAIT_TIMEOUT (InnoDB; NDB's 266/274 "Time-out in NDB, probably caused by
+#: deadlock" reach the client as 1205 too), 1213 ER_LOCK_DEADLOCK, 1297
+#: ER_GET_TEMPORARY_ERRMSG (an NDB error whose status is "temporary"), 1927 MariaDB's
+#: ER_CONNECTION_KILLED, 4031 MySQL 8's ER_CLIENT_INTERACTION_TIMEOUT (disconnected idle).
+TRANSIENT_SERVER_ERRORS = frozenset({1053, 1205, 1213, 1297, 1927, 4031})
+#: ER_GET_ERRMSG "Got error %d '%s' from %s", ER_GET_TEMPORARY_ERRMSG "Got temporary error
+#: %d '%s' from %s", ER_ERROR_DURING_COMMIT "Got error %d - '%s' during COMMIT": the `%d`
+#: is the storage engine's own code (NDB's error code for NDB).
+_ER_GET_ERRMSG = 1296
+_ER_GET_TEMPORARY_ERRMSG = 1297
+_ER_ERROR_DURING_COMMIT = 1180
+#: NDB error codes of status "temporary" (classes TR temporary resource, NR node
+#: recovery, OL overload, TO timeout, NS node shutdown, IT internal temporary) and
+#: "unknown result" (UR: retried because the work is idempotent), from the MySQL NDB
+#: Cluster API Developer Guide, "NDB Error Codes" (dev.mysql.com/doc/ndbapi/en/
+#: ndb-error-codes.html; the source of truth is storage/ndb/src/ndbapi/ndberror.cpp).
+#: E.g. 233 "Out of operation records in transaction coordinator", 266 "Time-out in NDB,
+#: probably caused by deadlock", 274 (TO), 410 "REDO log files overloaded", 4006 "Connect
+#: failure - out of connection objects", 4010 "Node failure caused abort of transaction".
+#: A 1297 is transient whatever its code; the set decides 1296, 1180 and warnings.
+NDB_TRANSIENT_CODES = frozenset({
+    233, 266, 274, 410, 4006, 4010,                        # named in the requirement
+    1217, 1218, 1220, 1222, 1234,                          # TR
+    250, 286, 1204, 4002, 4007, 4013, 4025, 4027, 4028,    # NR
+    677, 711, 891, 1221, 1518,                             # OL
+    270, 280, 1223, 4023, 4030, 4034,                      # NS
+    1703, 1705,                                            # IT
+    4008, 4012,                                            # UR
+})
+#: The NDB code at the start of a 1296/1297/1180 message, nothing else of the text: the
+#: server prints "Got [temporary ]error N ..." (N may be negative for some engines).
+#: Localized messages (lc_messages) do not match; then 1297 is still transient by its
+#: number and 1296/1180 are not.
+_ENGINE_CODE_RE = re.compile(r"^Got (?:temporary )?error (-?\d{1,6})\b")
+
+
+def ndb_error_code(number: int, message: str) -> int | None:
+    """The storage engine's error code inside a MySQL error 1296, 1297 or 1180, or None.
+
+    NDB passes its own error code to a MySQL client only inside the message of these
+    errors (MySQL error 1297 ER_GET_TEMPORARY_ERRMSG "Got temporary error %d '%s' from %s",
+    1296 ER_GET_ERRMSG, 1180 ER_ERROR_DURING_COMMIT) and of the warning of the same number
+    that ha_ndbcluster pushes with every NDB error (SHOW WARNINGS); there is no
+    separate field for it in the protocol. Only the leading number is read.
+
+    :param number: the MySQL error number (pymysql `err.args[0]`, or a warning's Code).
+    :param message: its message (pymysql `err.args[1]`, or the warning's Message).
+    """
+    if number not in (_ER_GET_ERRMSG, _ER_GET_TEMPORARY_ERRMSG, _ER_ERROR_DURING_COMMIT):
+        return None
+    match = _ENGINE_CODE_RE.match(message)
+    return int(match.group(1)) if match else None
+
+
+def is_transient_warning(number: int, message: str) -> bool:
+    """True when a SHOW WARNINGS row (Code, Message) reports a temporary NDB error.
+
+    With NDB the statement's error can be a generic one (1205 for NDB 266, 1296, 1180);
+    ha_ndbcluster also pushes a warning 1297 (temporary) or 1296 carrying the NDB code.
+
+    :param number: the warning's Code.
+    :param message: the warning's Message.
+    """
+    if number == _ER_GET_TEMPORARY_ERRMSG:
+        return True
+    code = ndb_error_code(number, message)
+    return code is not None and code in NDB_TRANSIENT_CODES
+
+
+def is_transient_error(err: BaseException) -> bool:
+    """True when `err` is worth re-running the whole (idempotent) transaction on a fresh
+    connection: the connection was lost or refused, a lock wait timed out, a deadlock,
+    or a temporary NDB error.
+
+    By error number (pymysql `err.args[0]`): :data:`TRANSIENT_CLIENT_ERRORS`,
+    :data:`TRANSIENT_SERVER_ERRORS`; 1296 and 1180 when the NDB code in the message (see
+    :func:`ndb_error_code`) is in :data:`NDB_TRANSIENT_CODES`. By class: pymysql
+    `InterfaceError` (the connection is closed), :class:`TimeoutError` (socket timeout)
+    and :class:`ConnectionError`. A :class:`StoreUnavailableError` is transient when its
+    `__cause__` is (this package wraps lost connections in it), except
+    :class:`~pyflink_ndb.stores.retry.RetriesExhaustedError`: spent retries are final.
+    A 2003 caused by a failed name lookup is not transient (a wrong host).
+
+    :param err: any exception.
+    """
+    if isinstance(err, RetriesExhaustedError):
+        return False
+    if isinstance(err, StoreUnavailableError):
+        return err.__cause__ is not None and is_transient_error(err.__cause__)
+    if isinstance(err, pymysql.err.InterfaceError):
+        return True
+    if isinstance(err, pymysql.err.MySQLError):
+        number = err.args[0] if err.args else None
+        if not isinstance(number, int):
+            return False
+        if number in TRANSIENT_CLIENT_ERRORS:
+            return not isinstance(err.__context__, socket.gaierror)
+        if number in TRANSIENT_SERVER_ERRORS:
+            return True
+        message = err.args[1] if len(err.args) > 1 and isinstance(err.args[1], str) else ""
+        code = ndb_error_code(number, message)
+        return code is not None and code in NDB_TRANSIENT_CODES
+    return isinstance(err, TimeoutError | ConnectionError)
 
 
 def parse_mysql_url(url: str) -> dict[str, Any]:
@@ -51,27 +165,70 @@ class MysqlStateStore(StateStore):
 
     def __init__(self, url: str, namespace: str, write_batch_rows: int = 500,
                  user: str | None = None, password: str | None = None,
-                 connect_timeout_s: int = 10) -> None:
+                 connect_timeout_s: int = 10, read_timeout_s: float = 30.0,
+                 write_timeout_s: float = 30.0, retry: RetryPolicy = DEFAULT_RETRY_POLICY) -> None:
+        """A store on the server of `url`, not yet connected.
+
+        :param url: `mysql://user[:password]@host[:port]/database`.
+        :param namespace: the table prefix.
+        :param write_batch_rows: rows per write batch. Default 500.
+        :param user: overrides the URL's user (None: keep it).
+        :param password: overrides the URL's password (None: keep it).
+        :param connect_timeout_s: seconds for the TCP connect. Default 10.
+        :param read_timeout_s: seconds a socket read may wait (also the server's handshake;
+            pymysql's default is none: a black-holed connection would block forever),
+            > 0. Default 30.
+        :param write_timeout_s: seconds a socket write may wait, > 0. Default 30.
+        :param retry: the retry policy of the store's units of work (default
+            `RetryPolicy()`: 10 attempts, 50 ms to 5 s backoff, 90 s deadline), kept as
+            :attr:`retry_policy` (applied by the caller with
+            :func:`~pyflink_ndb.stores.retry.run_with_retries`).
+        :raises ConfigurationError: the URL is not a mysql:// URL, or a timeout is <= 0.
+        """
         super().__init__(namespace, write_batch_rows)
         self._args = parse_mysql_url(url)
         if user:
             self._args["user"] = user
         if password is not None:
             self._args["password"] = password
+        for name, value in (("connect_timeout_s", connect_timeout_s),
+                            ("read_timeout_s", read_timeout_s),
+                            ("write_timeout_s", write_timeout_s)):
+            if not value > 0:
+                raise ConfigurationError(f"MysqlStateStore: {name} must be > 0 (got {value}).")
         self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._write_timeout_s = write_timeout_s
+        self.retry_policy = retry
         self.engine = "InnoDB"
+
+    @property
+    def address(self) -> str:
+        """`host:port` of the server (for messages and `run_with_retries(where=...)`)."""
+        return f"{self._args['host']}:{self._args['port']}"
+
+    def _is_transient(self, err: BaseException) -> bool:
+        """See :func:`is_transient_error`."""
+        return is_transient_error(err)
 
     def describe(self) -> str:
         a = self._args
         return f"mysql://{a['user']}@{a['host']}:{a['port']}/{a['database']} ({self.engine})"
 
     def _connect(self) -> Any:
+        """A new connection with the session settings applied (autocommit, READ COMMITTED)
+        and :attr:`engine` detected; called again for every reconnection.
+
+        :raises StoreUnavailableError: cannot connect (raised from the driver's error, so
+            :func:`is_transient_error` tells a refused connection from a wrong password).
+        """
         a = self._args
         try:
             conn = pymysql.connect(
                 host=a["host"], port=a["port"], user=a["user"], password=a["password"] or "",
                 database=a["database"], charset="utf8mb4", autocommit=True,
-                binary_prefix=True, connect_timeout=self._connect_timeout_s)
+                binary_prefix=True, connect_timeout=self._connect_timeout_s,
+                read_timeout=self._read_timeout_s, write_timeout=self._write_timeout_s)
         except pymysql.err.OperationalError as err:
             code = err.args[0] if err.args else None
             where = f"{a['host']}:{a['port']}"
@@ -92,45 +249,33 @@ class MysqlStateStore(StateStore):
             raise StoreUnavailableError(
                 f"Cannot reach the database at {where} (error {code}). Start the MySQL "
                 "server there or fix state.backend.ndb.url.") from err
-        with conn.cursor() as cur:
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            cur.execute("SELECT SUPPORT FROM information_schema.ENGINES "
-                        "WHERE ENGINE = 'ndbcluster'")
-            row = cur.fetchone()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                cur.execute("SELECT SUPPORT FROM information_schema.ENGINES "
+                            "WHERE ENGINE = 'ndbcluster'")
+                row = cur.fetchone()
+            conn.commit()
+        except Exception as err:
+            with contextlib.suppress(Exception):  # pymysql may have closed it already
+                conn.close()
+            mapped = self._translate_error(err)
+            if mapped is not None:
+                raise mapped from err
+            raise
         self.engine = "NDBCLUSTER" if row and row[0] in ("YES", "DEFAULT") else "InnoDB"
-        conn.commit()
         return conn
 
     def _insert_ignore(self) -> str:
         return "INSERT IGNORE"
 
-    def _delete_limit(self) -> str:
-        return f"LIMIT {self.write_batch_rows * 10}"
+    def _table_exists(self, table: str) -> bool:
+        rows = self._read("inspect tables", "SELECT COUNT(*) FROM information_schema.TABLES "
+                          "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?", (table,))
+        return bool(rows and int(rows[0][0]))
 
     def _ddl(self) -> list[str]:
-        ndb = self.engine == "NDBCLUSTER"
-        engine = "ENGINE=NDBCLUSTER" if ndb else "ENGINE=InnoDB"
-        partition = " PARTITION BY KEY (key_group)" if ndb else ""
-        return [
-            f"CREATE TABLE IF NOT EXISTS {self.t_state} ("
-            "key_group SMALLINT NOT NULL, state_id INT NOT NULL, "
-            "ukey VARBINARY(2048) NOT NULL, epoch BIGINT NOT NULL, chunk SMALLINT NOT NULL, "
-            "tombstone TINYINT NOT NULL, chunks SMALLINT NOT NULL, expires_at_ms BIGINT NULL, "
-            "fmt TINYINT NOT NULL, vbytes LONGBLOB NULL, vjson JSON NULL, kjson JSON NULL, "
-            "PRIMARY KEY (key_group, state_id, ukey, epoch, chunk), "
-            "KEY ix_expiry (expires_at_ms)"
-            f") {engine} DEFAULT CHARSET=utf8mb4{partition}",
-            f"CREATE TABLE IF NOT EXISTS {self.t_epochs} ("
-            "operator VARCHAR(255) NOT NULL, epoch BIGINT NOT NULL, "
-            "is_savepoint TINYINT NOT NULL, committed_at_ms BIGINT NOT NULL, "
-            "job_id VARCHAR(64) NOT NULL, "
-            f"PRIMARY KEY (operator, epoch, is_savepoint)) {engine} DEFAULT CHARSET=utf8mb4",
-            f"CREATE TABLE IF NOT EXISTS {self.t_catalog} ("
-            "state_id INT NOT NULL PRIMARY KEY, operator VARCHAR(255) NOT NULL, "
-            "state_name VARCHAR(255) NOT NULL, state_kind VARCHAR(32) NOT NULL, "
-            "serializer VARCHAR(64) NOT NULL, ttl_ms BIGINT NULL, format_version INT NOT NULL, "
-            f"UNIQUE KEY uq_state (operator, state_name)) {engine} DEFAULT CHARSET=utf8mb4",
-        ]
+        return mysql_ddl(self, ndb=self.engine == "NDBCLUSTER")
 
     def _translate_error(self, err: Exception) -> Exception | None:
         if not isinstance(err, pymysql.err.MySQLError):
@@ -145,3 +290,46 @@ class MysqlStateStore(StateStore):
                 f"The server rejected a statement as too large (error {code}); raise the "
                 "server's max_allowed_packet or lower state.backend.ndb.write.batch-size.")
         return None
+
+
+def mysql_ddl(tables: StateStore, ndb: bool) -> list[str]:
+    """The CREATE TABLE statements of a namespace (row format 2).
+
+    With `ndb`: `ENGINE=NDBCLUSTER` and `PARTITION BY KEY (key_group)` for the state table
+    (rows of one key group share a partition: a subtask's reads and cleanup prune to its
+    partitions), InnoDB otherwise. Values are LONGBLOB (NDB stores BLOB parts outside the
+    ~30 KB row), JSON documents of the protocol are ASCII TEXT.
+    """
+    engine = "ENGINE=NDBCLUSTER" if ndb else "ENGINE=InnoDB"
+    partition = " PARTITION BY KEY (key_group)" if ndb else ""
+    text = "TEXT CHARACTER SET ascii"
+    return [
+        f"CREATE TABLE IF NOT EXISTS {tables.t_state} ("
+        "key_group SMALLINT NOT NULL, state_id INT NOT NULL, "
+        "ukey VARBINARY(2048) NOT NULL, version BIGINT NOT NULL, chunk SMALLINT NOT NULL, "
+        "tombstone TINYINT NOT NULL, chunks SMALLINT NOT NULL, expires_at_ms BIGINT NULL, "
+        "fmt TINYINT NOT NULL, vbytes LONGBLOB NULL, vjson JSON NULL, kjson JSON NULL, "
+        "PRIMARY KEY (key_group, state_id, ukey, version, chunk), "
+        "KEY ix_cleanup (key_group, state_id, version), KEY ix_expiry (expires_at_ms)"
+        f") {engine} DEFAULT CHARSET=utf8mb4{partition}",
+        f"CREATE TABLE IF NOT EXISTS {tables.t_branches} ("
+        "branch_id BIGINT NOT NULL PRIMARY KEY, operator VARCHAR(255) NOT NULL, "
+        f"kg_start SMALLINT NOT NULL, kg_end SMALLINT NOT NULL, lineage {text} NOT NULL, "
+        f"origin {text} NOT NULL, job_id VARCHAR(64) NOT NULL, subtask INT NOT NULL, "
+        "attempt INT NOT NULL, created_ms BIGINT NOT NULL, KEY ix_operator (operator)"
+        f") {engine} DEFAULT CHARSET=utf8mb4",
+        f"CREATE TABLE IF NOT EXISTS {tables.t_snapshots} ("
+        "operator VARCHAR(255) NOT NULL, branch_id BIGINT NOT NULL, epoch BIGINT NOT NULL, "
+        "kind VARCHAR(16) NOT NULL, status VARCHAR(16) NOT NULL, kg_start SMALLINT NOT NULL, "
+        "kg_end SMALLINT NOT NULL, created_ms BIGINT NOT NULL, job_id VARCHAR(64) NOT NULL, "
+        f"PRIMARY KEY (operator, branch_id, epoch)) {engine} DEFAULT CHARSET=utf8mb4",
+        f"CREATE TABLE IF NOT EXISTS {tables.t_operators} ("
+        f"operator VARCHAR(255) NOT NULL PRIMARY KEY, owners {text} NOT NULL, "
+        f"committed {text} NULL, committed_ckpt BIGINT NOT NULL, fmt TINYINT NOT NULL, "
+        f"updated_ms BIGINT NOT NULL) {engine} DEFAULT CHARSET=utf8mb4",
+        f"CREATE TABLE IF NOT EXISTS {tables.t_catalog} ("
+        "state_id INT NOT NULL PRIMARY KEY, operator VARCHAR(255) NOT NULL, "
+        "state_name VARCHAR(255) NOT NULL, state_kind VARCHAR(32) NOT NULL, "
+        "serializer VARCHAR(64) NOT NULL, ttl_ms BIGINT NULL, format_version INT NOT NULL, "
+        f"UNIQUE KEY uq_state (operator, state_name)) {engine} DEFAULT CHARSET=utf8mb4",
+    ]

@@ -8,6 +8,7 @@ makes writers wait for each other.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +49,55 @@ class SqliteStateStore(StateStore):
     def _insert_ignore(self) -> str:
         return "INSERT OR IGNORE"
 
+    def _begin(self) -> None:
+        # IMMEDIATE takes the write lock at once: the fence check and the writes after it
+        # see no other writer in between (SQLite has one writer at a time).
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def _lock_shared(self) -> str:
+        return ""
+
+    def _lock_update(self) -> str:
+        return ""
+
+    def _delete_limited(self, table: str, where: str, params: Sequence[Any],
+                        limit: int) -> int:
+        cur = self._execute(
+            f"DELETE FROM {table} WHERE (key_group, state_id, ukey, version, chunk) IN ("
+            f"SELECT key_group, state_id, ukey, version, chunk FROM {table} WHERE {where} "
+            f"LIMIT {int(limit)})", params)
+        return max(cur.rowcount, 0)
+
+    def _table_exists(self, table: str) -> bool:
+        return bool(self._read("inspect tables", "SELECT 1 FROM sqlite_master WHERE "
+                               "type = 'table' AND name = ?", (table,)))
+
     def _ddl(self) -> list[str]:
         return [
             f"CREATE TABLE IF NOT EXISTS {self.t_state} ("
             "key_group INTEGER NOT NULL, state_id INTEGER NOT NULL, ukey BLOB NOT NULL, "
-            "epoch INTEGER NOT NULL, chunk INTEGER NOT NULL, tombstone INTEGER NOT NULL, "
+            "version INTEGER NOT NULL, chunk INTEGER NOT NULL, tombstone INTEGER NOT NULL, "
             "chunks INTEGER NOT NULL, expires_at_ms INTEGER, fmt INTEGER NOT NULL, "
             "vbytes BLOB, vjson TEXT, kjson TEXT, "
-            "PRIMARY KEY (key_group, state_id, ukey, epoch, chunk)) WITHOUT ROWID",
+            "PRIMARY KEY (key_group, state_id, ukey, version, chunk)) WITHOUT ROWID",
+            f"CREATE INDEX IF NOT EXISTS {self.t_state}_cleanup ON {self.t_state} "
+            "(key_group, state_id, version)",
             f"CREATE INDEX IF NOT EXISTS {self.t_state}_expiry ON {self.t_state} "
             "(expires_at_ms)",
-            f"CREATE TABLE IF NOT EXISTS {self.t_epochs} ("
-            "operator TEXT NOT NULL, epoch INTEGER NOT NULL, is_savepoint INTEGER NOT NULL, "
-            "committed_at_ms INTEGER NOT NULL, job_id TEXT NOT NULL, "
-            "PRIMARY KEY (operator, epoch, is_savepoint))",
+            f"CREATE TABLE IF NOT EXISTS {self.t_branches} ("
+            "branch_id INTEGER NOT NULL PRIMARY KEY, operator TEXT NOT NULL, "
+            "kg_start INTEGER NOT NULL, kg_end INTEGER NOT NULL, lineage TEXT NOT NULL, "
+            "origin TEXT NOT NULL, job_id TEXT NOT NULL, subtask INTEGER NOT NULL, "
+            "attempt INTEGER NOT NULL, created_ms INTEGER NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {self.t_snapshots} ("
+            "operator TEXT NOT NULL, branch_id INTEGER NOT NULL, epoch INTEGER NOT NULL, "
+            "kind TEXT NOT NULL, status TEXT NOT NULL, kg_start INTEGER NOT NULL, "
+            "kg_end INTEGER NOT NULL, created_ms INTEGER NOT NULL, job_id TEXT NOT NULL, "
+            "PRIMARY KEY (operator, branch_id, epoch))",
+            f"CREATE TABLE IF NOT EXISTS {self.t_operators} ("
+            "operator TEXT NOT NULL PRIMARY KEY, owners TEXT NOT NULL, committed TEXT, "
+            "committed_ckpt INTEGER NOT NULL, fmt INTEGER NOT NULL, "
+            "updated_ms INTEGER NOT NULL)",
             f"CREATE TABLE IF NOT EXISTS {self.t_catalog} ("
             "state_id INTEGER NOT NULL PRIMARY KEY, operator TEXT NOT NULL, "
             "state_name TEXT NOT NULL, state_kind TEXT NOT NULL, serializer TEXT NOT NULL, "

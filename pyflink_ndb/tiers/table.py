@@ -20,6 +20,7 @@ from cachetools import LRUCache
 
 from pyflink_ndb.serialization.keys import key_json, split_key
 from pyflink_ndb.stores.base import StateStore, WriteRow
+from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
 from pyflink_ndb.tiers.local import LocalTier
 
@@ -36,6 +37,10 @@ class Entry:
     value: bytes | None
     key_group: int
     expires_at_ms: int | None
+
+
+def _nothing_visible(key_group: int) -> Ranges:
+    return ()
 
 
 class TieredTable:
@@ -61,6 +66,9 @@ class TieredTable:
         self._index: dict[tuple[int, bytes], set[bytes]] = {}
         self._key_json_memo: LRUCache = LRUCache(maxsize=max(cache_max_entries, 100_000))
         self.store_reads = 0
+        #: The version ranges the running branch sees in a key group (set by the
+        #: checkpoint protocol when it claims the key groups).
+        self.visibility: Callable[[int], Ranges] = _nothing_visible
         #: Changes with every snapshot: lets a state tell "written in this epoch" apart.
         self.epoch_token = uuid.uuid4().int >> 64
 
@@ -112,7 +120,8 @@ class TieredTable:
         entry = self._lower(eid)
         if entry is None:
             self.store_reads += 1
-            version = self.store.read_latest(state_id, key_group, ukey)
+            version = self.store.read_latest(state_id, key_group, ukey,
+                                             self.visibility(key_group))
             if version is None or version.tombstone:
                 entry = Entry(None, key_group, None)
             else:
@@ -153,13 +162,14 @@ class TieredTable:
         local = (u for u, *_ in self.local.iter_prefix(state_id, prefix)) \
             if self.local is not None else iter(())
         remote_versions: dict[bytes, Entry] = {}
+        ranges = self.visibility(key_group)
 
         def remote() -> Iterator[bytes]:
             after: bytes | None = None
             while True:
                 self.store_reads += 1
                 page = self.store.scan_latest(state_id, key_group, prefix, after,
-                                              SCAN_PAGE_ROWS)
+                                              SCAN_PAGE_ROWS, ranges)
                 for ukey, version in page:
                     remote_versions[ukey] = Entry(
                         None if version.tombstone else version.value, key_group,

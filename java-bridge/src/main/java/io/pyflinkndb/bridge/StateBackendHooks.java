@@ -18,6 +18,7 @@ import pemja.core.PythonInterpreter;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
 import java.util.LinkedHashMap;
@@ -38,8 +39,7 @@ import java.util.TreeMap;
  * ndb_bind_info  = "&lt;JSON&gt;"            # str
  * ndb_key_groups = &lt;KeyGroupProbe&gt;       # Java object, .currentKeyGroup() -> int
  * ndb_backend    = ndb_bind(ndb_bind_info, ndb_key_groups)
- * ndb_backend.snapshot(checkpoint_id: int, is_savepoint: bool)
- * ndb_backend.epoch_offset() -> int | None
+ * ndb_backend.snapshot(checkpoint_id: int, is_savepoint: bool) -> str   # the token
  * ndb_backend.notify_checkpoint_complete(checkpoint_id: int)
  * ndb_backend.notify_checkpoint_aborted(checkpoint_id: int)
  * ndb_backend.finish()
@@ -53,8 +53,19 @@ final class StateBackendHooks {
     /** Prefix of the cluster / job configuration keys handed to Python. */
     static final String OPTION_PREFIX = "state.backend.ndb.";
 
-    /** Name of the union list state that carries the epoch offset across restores. */
-    static final String EPOCH_OFFSET_STATE = "pyflink-ndb-epoch-offset";
+    /**
+     * Union list state of the snapshot tokens (one JSON text per subtask: branch, epoch, key
+     * groups): a restore hands every subtask all tokens of the restored snapshot, which names
+     * exactly what it restores (docs/protocol.md).
+     */
+    static final String TOKENS_STATE = "pyflink-ndb-snapshot-tokens";
+
+    /** Union list state of row format 1 (the epoch offset), read only to restore its checkpoints. */
+    static final String LEGACY_EPOCH_OFFSET_STATE = "pyflink-ndb-epoch-offset";
+
+    /** Flink's keys of the number of retained checkpoints, handed to Python with the others. */
+    static final List<String> FLINK_KEYS =
+            Arrays.asList("execution.checkpointing.num-retained", "state.checkpoints.num-retained");
 
     /** Python global names. */
     static final String PY_BIND_INFO = "ndb_bind_info";
@@ -68,10 +79,15 @@ final class StateBackendHooks {
     /** Restored checkpoint id, or null on a fresh start. */
     private Long restoredCheckpointId;
 
-    /** Max of the restored union list state, or null if none was restored. */
+    /** Max of the restored legacy (format 1) epoch offsets, or null. */
     private Long restoredEpochOffset;
 
-    private ListState<Long> epochOffsetState;
+    /** The restored snapshot's tokens (all subtasks'), empty on a fresh start. */
+    private List<String> restoredTokens = Collections.emptyList();
+
+    private ListState<String> tokensState;
+
+    private ListState<Long> legacyOffsetState;
 
     /** Non-null iff {@code ndb_backend} was bound in this interpreter and not closed yet. */
     private PythonInterpreter boundInterpreter;
@@ -91,12 +107,25 @@ final class StateBackendHooks {
         OptionalLong restored = ctx.getRestoredCheckpointId();
         restoredCheckpointId = restored.isPresent() ? restored.getAsLong() : null;
 
-        epochOffsetState =
+        tokensState =
                 ctx.getOperatorStateStore()
-                        .getUnionListState(new ListStateDescriptor<>(EPOCH_OFFSET_STATE, Long.class));
+                        .getUnionListState(new ListStateDescriptor<>(TOKENS_STATE, String.class));
+        legacyOffsetState =
+                ctx.getOperatorStateStore()
+                        .getUnionListState(
+                                new ListStateDescriptor<>(LEGACY_EPOCH_OFFSET_STATE, Long.class));
         restoredEpochOffset = null;
+        restoredTokens = new ArrayList<>();
         if (ctx.isRestored()) {
-            Iterable<Long> values = epochOffsetState.get();
+            Iterable<String> tokens = tokensState.get();
+            if (tokens != null) {
+                for (String t : tokens) {
+                    if (t != null) {
+                        restoredTokens.add(t);
+                    }
+                }
+            }
+            Iterable<Long> values = legacyOffsetState.get();
             if (values != null) {
                 for (Long v : values) {
                     if (v != null && (restoredEpochOffset == null || v > restoredEpochOffset)) {
@@ -137,10 +166,11 @@ final class StateBackendHooks {
         TaskInfo ti = operator.getRuntimeContext().getTaskInfo();
         LOG.info(
                 "pyflink-ndb: bound Python state backend for {} (operator {}), restored checkpoint {}, "
-                        + "restored epoch offset {}",
+                        + "{} restored token(s), legacy epoch offset {}",
                 ti.getTaskNameWithSubtasks(),
                 operator.getOperatorID(),
                 restoredCheckpointId,
+                restoredTokens.size(),
                 restoredEpochOffset);
     }
 
@@ -164,21 +194,19 @@ final class StateBackendHooks {
     void snapshotState(StateSnapshotContext ctx) throws Exception {
         long checkpointId = ctx.getCheckpointId();
         boolean isSavepoint = checkpointId == lastSnapshotCheckpointId && lastSnapshotIsSavepoint;
-        Long offset;
-        if (boundInterpreter != null) {
-            boundInterpreter.invokeMethod(PY_BACKEND, "snapshot", checkpointId, isSavepoint);
-            offset = toLong(boundInterpreter.invokeMethod(PY_BACKEND, "epoch_offset"));
-        } else {
+        if (boundInterpreter == null) {
             // Never bound (should not happen for a running task): keep what we restored.
-            offset = restoredEpochOffset;
+            tokensState.update(restoredTokens);
+            return;
         }
-        if (epochOffsetState != null) {
-            if (offset == null) {
-                epochOffsetState.update(Collections.<Long>emptyList());
-            } else {
-                epochOffsetState.update(Collections.singletonList(offset));
-            }
+        Object token = boundInterpreter.invokeMethod(PY_BACKEND, "snapshot", checkpointId, isSavepoint);
+        if (!(token instanceof String)) {
+            throw new IllegalStateException(
+                    "pyflink-ndb: ndb_backend.snapshot() must return the token (str), got "
+                            + (token == null ? "None" : token.getClass().getName()));
         }
+        tokensState.update(Collections.singletonList((String) token));
+        legacyOffsetState.update(Collections.<Long>emptyList());
     }
 
     void notifyCheckpointComplete(long checkpointId) {
@@ -232,7 +260,10 @@ final class StateBackendHooks {
         Map<String, Object> m = new LinkedHashMap<>();
         m.put("options", stateOptionsJson);
         m.put("cluster_options", prefixed(tm.getConfiguration()));
-        m.put("job_options", prefixed(operator.getConfiguration()));
+        Map<String, String> jobOptions =
+                prefixed(operator.getContainingTask().getEnvironment().getJobConfiguration());
+        jobOptions.putAll(prefixed(operator.getConfiguration()));
+        m.put("job_options", jobOptions);
         m.put("operator_id", operator.getOperatorID().toString());
         m.put("task_name", ti.getTaskName());
         m.put("subtask_index", subtask);
@@ -242,6 +273,7 @@ final class StateBackendHooks {
         m.put("key_group_start", range.getStartKeyGroup());
         m.put("key_group_end", range.getEndKeyGroup());
         m.put("restored_checkpoint_id", restoredCheckpointId);
+        m.put("restored_tokens", restoredTokens);
         m.put("restored_epoch_offset", restoredEpochOffset);
         m.put("checkpointing_enabled", rc.isCheckpointingEnabled());
         m.put("local_dirs", asList(tmpDirs));
@@ -255,26 +287,12 @@ final class StateBackendHooks {
             return out;
         }
         for (Map.Entry<String, String> e : conf.toMap().entrySet()) {
-            if (e.getKey() != null && e.getKey().startsWith(OPTION_PREFIX)) {
+            if (e.getKey() != null
+                    && (e.getKey().startsWith(OPTION_PREFIX) || FLINK_KEYS.contains(e.getKey()))) {
                 out.put(e.getKey(), e.getValue());
             }
         }
         return out;
-    }
-
-    private static Long toLong(Object value) {
-        if (value == null) {
-            return null;
-        }
-        if (value instanceof Number) {
-            return ((Number) value).longValue();
-        }
-        if (value instanceof String) {
-            return Long.parseLong(((String) value).trim());
-        }
-        throw new IllegalStateException(
-                "pyflink-ndb: ndb_backend.epoch_offset() must return an int or None, got "
-                        + value.getClass().getName());
     }
 
     private static List<String> asList(String[] a) {
