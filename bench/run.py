@@ -269,7 +269,7 @@ def run_recovery(kind: str, n: int, probes: int, mysql_url: str, parallelism: in
 
             store = open_store(from_flink_keys(options))
             try:
-                wait_until(lambda: store.latest_committed_epoch("bench-state") is not None,
+                wait_until(lambda: store.latest_committed_checkpoint("bench-state") is not None,
                            120, "a committed checkpoint")
             finally:
                 store.close()

@@ -169,7 +169,7 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     store = open_job_store(options)
     try:
         state = read_aircraft(store)
-        latest = store.latest_committed_epoch(OPERATOR_UID)
+        latest = store.latest_committed_checkpoint(OPERATOR_UID)
         rows = store.count_rows()
         where = store.describe()
     finally:

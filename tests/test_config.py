@@ -205,7 +205,8 @@ def test_resolved_sqlite_url_opens_where_resolved(tmp_path: Path,
     store = create_store(NdbStateOptions(url=url, namespace="cfg"))
     store.open()
     try:
-        store.commit_epoch("op", 1)
+        sid = store.register_state("op", "s", "value", "pickle-5", None)
+        assert [c["state_id"] for c in store.catalog("op")] == [sid]
     finally:
         store.close()
     assert (tmp_path / "sub" / "state.sqlite").exists()

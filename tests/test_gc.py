@@ -1,11 +1,13 @@
-"""Garbage collection: the version ledger alone, and what the store keeps after many
-checkpoints (DESIGN.md, decision 4: keep, per entry, the newest version at or below each
-retained checkpoint, and every version newer than the latest completed one)."""
+"""Garbage collection (docs/protocol.md, "Garbage collection"): `versions_to_keep` and the
+`VersionLedger` alone, and what the store keeps after checkpoints of a `LocalSubtask`.
+
+Rule: of the versions of one entry keep the newest version visible to each protected
+snapshot and to the running branch's head, and every version newer than the branch's
+latest completed checkpoint; a kept tombstone that hides nothing is dropped too."""
 
 from __future__ import annotations
 
 import random
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -14,118 +16,181 @@ from hypothesis import strategies as st
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
-from pyflink_ndb.checkpoint.gc import Deletion, VersionLedger
+from pyflink_ndb.checkpoint.gc import VersionLedger, versions_to_keep
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.serialization import encode_key
 from pyflink_ndb.stores import StateStore
+from pyflink_ndb.stores.base import COMPLETED
+from pyflink_ndb.stores.lineage import Ranges, in_ranges, own_range, split_version, version_of
 from pyflink_ndb.testing import LocalSubtask
 
 REF = (5, 9, b"key")
 OTHER = (5, 9, b"other")
+B = 1  # the branch of the unit examples
 
 
-def deletions_of(deletions: list[Deletion], ref: tuple[int, int, bytes] = REF
-                 ) -> list[tuple[str, int]]:
-    return [(d.op, d.epoch) for d in deletions if (d.key_group, d.state_id, d.ukey) == ref]
+def v(epoch: int, branch: int = B) -> int:
+    return version_of(branch, epoch)
 
 
-# -- VersionLedger, by example ------------------------------------------------------------
-
-def test_retained_one_keeps_only_the_newest_committed_version() -> None:
-    ledger = VersionLedger()
-    for epoch in (1, 2, 3):
-        ledger.record(REF, epoch, tombstone=False)
-    out = ledger.collect(protected=[3], latest_committed=3)
-    assert sorted(deletions_of(out)) == [("<", 3), ("=", 1), ("=", 2)]
-    # Nothing left to decide for this entry: the ledger forgets it.
-    assert len(ledger) == 0
-    assert ledger.collect(protected=[3], latest_committed=3) == []
+def at(epoch: int, branch: int = B) -> Ranges:
+    """What snapshot (branch, epoch) of a fresh branch sees."""
+    return (own_range(branch, epoch),)
 
 
-def test_versions_newer_than_the_latest_commit_are_kept() -> None:
-    ledger = VersionLedger()
-    for epoch in (1, 2, 3):
-        ledger.record(REF, epoch, tombstone=False)
-    out = ledger.collect(protected=[1], latest_committed=1)
-    # 2 and 3 may still be committed; 1 is the committed state; older unknown ones go.
-    assert deletions_of(out) == [("<", 1)]
-    assert len(ledger) == 1
-    out = ledger.collect(protected=[3], latest_committed=3)
-    assert sorted(deletions_of(out)) == [("=", 1), ("=", 2)]
+HEAD: Ranges = (own_range(B),)
+
+
+def keep(entries: dict[int, bool], views: list[Ranges], keep_above: int) -> set[int]:
+    """versions_to_keep over {version: tombstone}."""
+    versions = sorted(entries)
+    return versions_to_keep(versions, [entries[x] for x in versions], views, keep_above)
+
+
+def epochs(versions: set[int]) -> list[int]:
+    return sorted(split_version(x)[1] for x in versions)
+
+
+# -- versions_to_keep, by example -------------------------------------------------------
+
+def test_only_the_versions_that_retained_snapshots_see_are_kept() -> None:
+    values = {v(e): False for e in (1, 2, 3)}
+    assert epochs(keep(values, [HEAD, at(3)], v(3))) == [3]
+    # Retained 2 and 3 (num-retained 1, plus one for readers).
+    assert epochs(keep(values, [HEAD, at(2), at(3)], v(3))) == [2, 3]
 
 
 def test_each_retained_checkpoint_keeps_its_version() -> None:
+    values = {v(e): False for e in (1, 2, 4, 6)}
+    # Snapshots 3, 5 and 6 see versions 2, 4 and 6.
+    assert epochs(keep(values, [HEAD, at(3), at(5), at(6)], v(6))) == [2, 4, 6]
+    assert epochs(keep(values, [HEAD, at(6), at(7), at(8)], v(8))) == [6]
+
+
+def test_versions_newer_than_the_latest_completed_checkpoint_are_kept() -> None:
+    values = {v(e): False for e in (1, 2, 3)}
+    # 2 and 3 may still complete; 1 is what the completed checkpoint sees.
+    assert epochs(keep(values, [HEAD, at(1)], v(1))) == [1, 2, 3]
+    assert epochs(keep(values, [HEAD, at(1)], v(0))) == [1, 2, 3]
+
+
+def test_a_tombstone_with_nothing_older_is_dropped() -> None:
+    entry = {v(1): False, v(2): True}
+    assert keep(entry, [HEAD, at(2)], v(2)) == set()
+    # Not while it is newer than the latest completed checkpoint.
+    assert epochs(keep(entry, [HEAD, at(1)], v(1))) == [1, 2]
+
+
+def test_a_tombstone_is_kept_while_an_older_checkpoint_needs_the_value() -> None:
+    entry = {v(1): False, v(2): True}
+    # Snapshot 1 reads the value, snapshot 2 must not: the tombstone hides it.
+    assert epochs(keep(entry, [HEAD, at(1), at(2)], v(2))) == [1, 2]
+    assert keep(entry, [HEAD, at(2), at(3)], v(3)) == set()
+
+
+def test_savepoints_are_views_like_any_protected_snapshot() -> None:
+    values = {v(e): False for e in (1, 2, 3, 4)}
+    # Savepoint 2 and checkpoint 4.
+    assert epochs(keep(values, [HEAD, at(2), at(4)], v(4))) == [2, 4]
+
+
+def test_views_across_branches() -> None:
+    """Branch 2 restored snapshot (1, 2): epoch 3 of branch 1 is abandoned."""
+    child_head: Ranges = (own_range(1, 2), own_range(2))
+    child_at_1: Ranges = (own_range(1, 2), own_range(2, 1))
+    entry = {v(1, 1): False, v(2, 1): False, v(3, 1): False, v(1, 2): False}
+    assert keep(entry, [child_head, child_at_1], v(1, 2)) == {v(1, 2)}
+    # Until the child's first checkpoint completes its parent's state stays.
+    assert keep(entry, [child_head, (own_range(1, 2),)], v(0, 2)) == {v(2, 1), v(1, 2)}
+    # A savepoint of the abandoned attempt keeps what it sees.
+    assert keep(entry, [child_head, child_at_1, (own_range(1, 3),)], v(1, 2)) == \
+        {v(3, 1), v(1, 2)}
+    # An entry the child never wrote: the restored version is what the child reads.
+    assert keep({v(1, 1): False, v(3, 1): False}, [child_head, child_at_1], v(1, 2)) == \
+        {v(1, 1)}
+
+
+# -- versions_to_keep against a reference -----------------------------------------------
+
+def read(entry: dict[int, bool], view: Ranges) -> int | None:
+    """What a view reads: the newest version inside it, None for a tombstone or nothing."""
+    seen = [x for x in entry if in_ranges(x, view)]
+    if not seen or entry[max(seen)]:
+        return None
+    return max(seen)
+
+
+version_sets = st.dictionaries(
+    st.tuples(st.integers(1, 3), st.integers(1, 6)).map(lambda be: version_of(*be)),
+    st.booleans(), max_size=10)
+views_strategy = st.lists(
+    st.lists(st.tuples(st.integers(1, 3), st.integers(0, 6)).map(
+        lambda be: own_range(be[0], be[1])), min_size=1, max_size=3).map(tuple),
+    min_size=1, max_size=4)
+
+
+@settings(max_examples=500, deadline=None)
+@given(entry=version_sets, views=views_strategy,
+       keep_above=st.tuples(st.integers(1, 3), st.integers(0, 6)).map(
+           lambda be: version_of(*be)))
+def test_kept_versions_read_the_same_in_every_view(entry: dict[int, bool],
+                                                   views: list[Ranges],
+                                                   keep_above: int) -> None:
+    kept = keep(entry, views, keep_above)
+    assert kept <= set(entry)
+    remaining = {x: entry[x] for x in kept}
+    for view in views:
+        assert read(remaining, view) == read(entry, view), (view, entry, kept)
+    assert {x for x in entry if x > keep_above} <= kept
+    # At most one version per view besides those not completed yet.
+    assert len({x for x in kept if x <= keep_above}) <= len(views)
+
+
+# -- VersionLedger ----------------------------------------------------------------------
+
+def test_ledger_records_versions_in_order_and_rewrites_replace_the_flag() -> None:
     ledger = VersionLedger()
-    for epoch in (1, 2, 4, 6):
-        ledger.record(REF, epoch, tombstone=False)
-    # Retained 3, 5, 6: visible versions are 2 (for 3), 4 (for 5) and 6.
-    out = ledger.collect(protected=[3, 5, 6], latest_committed=6)
-    assert sorted(deletions_of(out)) == [("<", 2), ("=", 1)]
-    out = ledger.collect(protected=[6, 7, 8], latest_committed=8)
-    assert sorted(deletions_of(out)) == [("=", 2), ("=", 4)]
+    ledger.record(REF, v(2), tombstone=True)
+    ledger.record(REF, v(1), tombstone=False)
+    ledger.record(REF, v(2), tombstone=False)  # written again in the same epoch
+    ledger.record(OTHER, v(1), tombstone=True)
+    entry = ledger.get(REF)
+    assert entry is not None
+    assert (entry.versions, entry.tombstones, entry.complete) == ([v(1), v(2)],
+                                                                   [False, False], False)
+    assert ledger.pending == {REF, OTHER}
+    assert len(ledger) == 2
+    assert ledger.get((0, 0, b"never")) is None
 
 
-def test_protected_epoch_below_first_known_version_keeps_older_unknown_ones() -> None:
+def test_ledger_learns_older_versions_once() -> None:
     ledger = VersionLedger()
-    ledger.record(REF, 5, tombstone=False)
-    # Checkpoint 3 still needs whatever version (from an earlier attempt) is below 5.
-    assert deletions_of(ledger.collect(protected=[3, 5], latest_committed=5)) == []
-    assert len(ledger) == 1
-    assert deletions_of(ledger.collect(protected=[5, 6], latest_committed=6)) == [("<", 5)]
-    assert len(ledger) == 0
+    ledger.record(REF, v(1, 2), tombstone=False)
+    # Read from the store: an ancestor's versions, and the one written by this attempt
+    # (its flag as recorded wins).
+    entry = ledger.learn(REF, [(v(3, 1), False), (v(1, 1), True), (v(1, 2), True)])
+    assert entry.complete
+    assert entry.versions == [v(1, 1), v(3, 1), v(1, 2)]
+    assert entry.tombstones == [True, False, False]
+    fresh = ledger.learn(OTHER, [])
+    assert fresh.complete and fresh.versions == []
 
 
-def test_tombstone_with_nothing_older_is_dropped() -> None:
-    ledger = VersionLedger()
-    ledger.record(REF, 1, tombstone=False)
-    ledger.record(REF, 2, tombstone=True)
-    out = ledger.collect(protected=[2], latest_committed=2)
-    assert sorted(deletions_of(out)) == [("<", 2), ("=", 1), ("=", 2)]
-    assert len(ledger) == 0
+def test_ledger_forgets_deleted_versions_and_old_entries() -> None:
+    ledger = VersionLedger(max_entries=2)
+    for epoch in (1, 2, 3):
+        ledger.record(REF, v(epoch), tombstone=epoch == 2)
+    ledger.forget_versions(REF, {v(1), v(2)})
+    entry = ledger.get(REF)
+    assert entry is not None and (entry.versions, entry.tombstones) == ([v(3)], [False])
+    ledger.forget_versions((0, 0, b"unknown"), {v(1)})  # nothing to forget
+    ledger.record(OTHER, v(1), tombstone=False)
+    ledger.record((5, 9, b"third"), v(1), tombstone=False)
+    # Bounded: the least recently written entry is forgotten (read again when needed).
+    assert len(ledger) == 2 and ledger.get(REF) is None
 
 
-def test_tombstone_is_kept_while_an_older_checkpoint_needs_the_value() -> None:
-    ledger = VersionLedger()
-    ledger.record(REF, 1, tombstone=False)
-    ledger.record(REF, 2, tombstone=True)
-    out = ledger.collect(protected=[1, 2], latest_committed=2)
-    assert deletions_of(out) == [("<", 1)]
-    out = ledger.collect(protected=[2, 3], latest_committed=3)
-    assert sorted(deletions_of(out)) == [("=", 1), ("=", 2)]
-    assert len(ledger) == 0
-
-
-def test_rewrite_in_the_same_epoch_replaces_the_tombstone_flag() -> None:
-    ledger = VersionLedger()
-    ledger.record(REF, 1, tombstone=False)
-    ledger.record(REF, 2, tombstone=True)
-    ledger.record(REF, 2, tombstone=False)
-    out = ledger.collect(protected=[2], latest_committed=2)
-    # Epoch 2 is a value now: it stays.
-    assert sorted(deletions_of(out)) == [("<", 2), ("=", 1)]
-
-
-def test_entries_are_independent() -> None:
-    ledger = VersionLedger()
-    ledger.record(REF, 1, tombstone=False)
-    ledger.record(OTHER, 1, tombstone=False)
-    ledger.record(REF, 2, tombstone=False)
-    out = ledger.collect(protected=[2], latest_committed=2)
-    assert sorted(deletions_of(out, REF)) == [("<", 2), ("=", 1)]
-    assert deletions_of(out, OTHER) == [("<", 1)]
-
-
-def test_savepoint_pins_are_protected_epochs() -> None:
-    ledger = VersionLedger()
-    for epoch in (1, 2, 3, 4):
-        ledger.record(REF, epoch, tombstone=False)
-    # Savepoint at 2, retained checkpoint 4.
-    out = ledger.collect(protected=[2, 4], latest_committed=4)
-    assert sorted(deletions_of(out)) == [("<", 2), ("=", 1), ("=", 3)]
-
-
-# -- VersionLedger against a reference ---------------------------------------------------
-
-Write = tuple[bool | None, bool]  # (None: no write / tombstone flag, complete afterwards)
+Step = tuple[bool | None, bool]  # (None: no write / tombstone flag, completed)
 
 
 @settings(max_examples=300, deadline=None)
@@ -134,63 +199,191 @@ Write = tuple[bool | None, bool]  # (None: no write / tombstone flag, complete a
     steps=st.lists(st.tuples(st.one_of(st.none(), st.booleans()), st.booleans()),
                    min_size=1, max_size=25),
     retained=st.integers(1, 4),
-    savepoints=st.sets(st.integers(4, 30), max_size=2),
+    savepoints=st.sets(st.integers(1, 25), max_size=2),
 )
-def test_ledger_never_changes_what_a_retained_checkpoint_sees(
-        old: dict[int, bool], steps: list[Write], retained: int, savepoints: set[int]) -> None:
-    """One entry: versions from an earlier attempt (epochs 1-3, unknown to the ledger),
-    then epochs 4.. with writes and completions. After every collection the version
-    visible at each protected epoch is unchanged and nothing above the latest commit
-    is gone; the known committed versions never outnumber the protected epochs."""
-    store: dict[int, bool] = dict(old)        # epoch -> tombstone, as the database has it
-    history: dict[int, bool] = dict(old)      # without garbage collection
-    known: set[int] = set()
-    completed: list[int] = [3]
+def test_collection_with_the_ledger_never_changes_what_a_protected_snapshot_sees(
+        old: dict[int, bool], steps: list[Step], retained: int, savepoints: set[int]) -> None:
+    """One entry: versions of the restored branch 1 (epochs 1-3, unknown to the ledger),
+    then branch 2 (restored from (1, 3)) writes and completes checkpoints. After every
+    collection, as the protocol runs it, each protected snapshot reads what it read
+    before, versions newer than the latest completed checkpoint stay, and the completed
+    versions kept never outnumber the views."""
+    store = {version_of(1, e): t for e, t in old.items()}  # what the database holds
+    history = dict(store)  # without garbage collection
+    inherited = own_range(1, 3)
     ledger = VersionLedger()
-
-    def visible(versions: dict[int, bool], at: int) -> Any:
-        below = [e for e in versions if e <= at]
-        if not below:
-            return None
-        newest = max(below)
-        return None if versions[newest] else newest  # a tombstone reads as absent
-
-    for epoch, (write, complete) in enumerate(steps, start=4):
+    completed: list[int] = []
+    pins: list[int] = []
+    for epoch, (write, complete) in enumerate(steps, start=1):
         if write is not None:
-            ledger.record(REF, epoch, write)
-            store[epoch] = history[epoch] = write
-            known.add(epoch)
+            ledger.record(REF, version_of(2, epoch), write)
+            store[version_of(2, epoch)] = history[version_of(2, epoch)] = write
+        if epoch in savepoints:
+            pins.append(epoch)
         if not complete:
             continue
         completed.append(epoch)
-        pins = {s for s in savepoints if s <= epoch}
-        protected = sorted(set(completed[-retained:]) | pins)
-        latest = epoch
-        for d in ledger.collect(protected, latest):
-            assert (d.key_group, d.state_id, d.ukey) == REF
-            if d.op == "<":
-                for e in [e for e in store if e < d.epoch]:
-                    del store[e]
-            else:
-                assert d.op == "="
-                store.pop(d.epoch, None)
-        for p in protected:
-            assert visible(store, p) == visible(history, p), (p, store, history)
-        assert {e for e in history if e > latest} <= set(store)
-        kept_known = [e for e in store if e in known and e <= latest]
-        assert len(kept_known) <= len(protected)
+        protected = sorted(set(completed[-(retained + 1):]) | set(pins))
+        views = [(inherited, own_range(2))] + [(inherited, own_range(2, p))
+                                               for p in protected]
+        keep_above = version_of(2, epoch)
+        entry = ledger.get(REF)
+        if entry is None or not entry.complete:
+            entry = ledger.learn(REF, sorted(store.items()))
+        kept = versions_to_keep(entry.versions, entry.tombstones, views, keep_above)
+        deleted = {x for x in entry.versions if x not in kept}
+        for x in deleted:
+            del store[x]
+        ledger.forget_versions(REF, deleted)
+        for view in views:
+            assert read(store, view) == read(history, view), (view, store, history)
+        assert {x for x in history if x > keep_above} <= set(store)
+        assert len([x for x in store if x <= keep_above]) <= len(views)
+        assert ledger.get(REF).versions == sorted(store)  # type: ignore[union-attr]
 
 
-# -- the store after many checkpoints ----------------------------------------------------
+# -- the store after checkpoints of a LocalSubtask --------------------------------------
 
 def versions_by_entry(store: StateStore) -> dict[tuple[int, int, bytes], list[tuple[int, int]]]:
-    """(key_group, state_id, ukey) -> [(epoch, tombstone)] of every stored version."""
+    """(key_group, state_id, ukey) -> [(epoch, tombstone)] of every stored version (one
+    branch: the epochs tell them apart)."""
     out: dict[tuple[int, int, bytes], list[tuple[int, int]]] = {}
-    for kg, sid, ukey, epoch, tomb in store._query(
-            f"SELECT key_group, state_id, ukey, epoch, tombstone FROM {store.t_state} "
-            "WHERE chunk = 0 ORDER BY epoch"):
-        out.setdefault((int(kg), int(sid), bytes(ukey)), []).append((int(epoch), int(tomb)))
+    for kg, sid, ukey, version, tomb in store._query(
+            f"SELECT key_group, state_id, ukey, version, tombstone FROM {store.t_state} "
+            "WHERE chunk = 0 ORDER BY version"):
+        out.setdefault((int(kg), int(sid), bytes(ukey)), []).append(
+            (split_version(int(version))[1], int(tomb)))
     return out
+
+
+def committed_checkpoint(store: StateStore) -> int | None:
+    row = store.read_operator("op")
+    return None if row is None or row.committed is None else row.committed.checkpoint_id
+
+
+def test_row_counts_after_checkpoints(store: StateStore, local_dir: str) -> None:
+    """10 keys rewritten every checkpoint, num-retained 1: the versions of the last two
+    completed checkpoints stay (one more for readers), nothing else."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    counts = []
+    for cp in range(1, 8):
+        for key in range(10):
+            t.key(key)
+            value.update(cp * 100 + key)
+        t.checkpoint(cp)
+        counts.append(store.count_rows())
+    assert counts == [10] + [20] * 6
+    assert [s.epoch for s in store.list_snapshots("op")] == [6, 7]
+    # A snapshot taken and not completed keeps its versions beside the retained ones.
+    for key in range(10):
+        t.key(key)
+        value.update(-key)
+    t.checkpoint(8, complete=False)
+    assert store.count_rows() == 30
+    t.backend.notify_checkpoint_complete(8)
+    assert store.count_rows() == 20
+    # Deleted keys: the tombstones stay while a retained checkpoint still sees a value.
+    for key in range(10):
+        t.key(key)
+        value.clear()
+    t.checkpoint(9)
+    assert store.count_rows() == 20
+    assert all([tomb for _, tomb in found] == [0, 1] for found in
+               versions_by_entry(store).values())
+    t.close()
+
+
+def test_row_counts_with_three_retained_checkpoints(store: StateStore, local_dir: str) -> None:
+    options = NdbStateOptions(cache_max_entries=10_000, checkpoints_retained=3)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    counts = []
+    for cp in range(1, 9):
+        for key in range(5):
+            t.key(key)
+            value.update(cp)
+        t.checkpoint(cp)
+        counts.append(store.count_rows())
+    assert counts == [5, 10, 15, 20, 20, 20, 20, 20]
+    t.close()
+
+
+def test_an_entry_written_in_a_burst_keeps_one_version_once_retention_passes(
+        store: StateStore, local_dir: str) -> None:
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    for cp in range(1, 11):
+        if cp <= 2:
+            t.key("once")
+            value.update(cp)
+        t.key("always")
+        value.update(cp)
+        t.checkpoint(cp)
+    # Snapshots 9 and 10 and the head all see version 2 of "once"; version 1 is needed
+    # by none of them.
+    assert [s.epoch for s in store.list_snapshots("op")] == [9, 10]
+    found = {k[2]: [e for e, _ in vs] for k, vs in versions_by_entry(store).items()}
+    assert found == {encode_key("always"): [9, 10], encode_key("once"): [2]}
+    t.close()
+
+
+def test_a_checkpoint_that_never_completed_keeps_no_retention_slot(
+        store: StateStore, local_dir: str) -> None:
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    for cp in range(1, 7):
+        t.key("k")
+        value.update(cp)
+        t.checkpoint(cp, complete=cp != 5)
+    # Readers moved from checkpoint 4 straight to 6: a reader that started on 4 must
+    # still find its versions (one completed checkpoint more than Flink retains).
+    assert committed_checkpoint(store) == 6
+    completed = [s.epoch for s in store.list_snapshots("op") if s.status == COMPLETED]
+    assert completed == [4, 6]
+    assert [e for found in versions_by_entry(store).values() for e, _ in found] == [4, 5, 6]
+    t.close()
+
+
+def test_background_cleanup_removes_what_a_restore_abandoned(store: StateStore,
+                                                             local_dir: str) -> None:
+    """Checkpoint 2 of the first attempt never completed; the restore from checkpoint 1
+    reads around its rows at once, and the first completed checkpoint of the new attempt
+    deletes them (4 key groups: within one checkpoint's cleanup budget)."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    t = LocalSubtask(store, options, max_parallelism=4, local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    for key in range(10):
+        t.key(key)
+        value.update(key)
+    t.checkpoint(1)
+    for key in range(10):
+        t.key(key)
+        value.update(100 + key)
+    t.checkpoint(2, complete=False)
+    t.crash()
+    assert store.count_rows() == 20
+    t = LocalSubtask(store, options, max_parallelism=4, restored_checkpoint_id=1,
+                     local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    assert [s.epoch for s in store.list_snapshots("op")] == [1]  # 2 is no snapshot now
+    assert store.count_rows() == 20  # a restore deletes nothing
+    t.key(0)
+    value.update(-1)
+    t.checkpoint(2)  # the new attempt's checkpoint 2
+    # Checkpoint 1 (kept for readers) sees the 10 first versions, the new checkpoint 2
+    # sees 9 of them and the new version of key 0; the abandoned epoch is gone.
+    assert store.count_rows() == 11
+    assert t.backend.protocol.cleanup_rows == 9
+    values = {}
+    for key in range(10):
+        t.key(key)
+        values[key] = value.value()
+    assert values == {0: -1, **{k: k for k in range(1, 10)}}
+    t.close()
 
 
 def run_workload(t: LocalSubtask, checkpoints: range, rng: random.Random,
@@ -207,15 +400,15 @@ def run_workload(t: LocalSubtask, checkpoints: range, rng: random.Random,
         for _ in range(30):
             key = rng.randrange(40)
             t.key(key)
-            v, m = model.get(key, (None, {}))
+            val, m = model.get(key, (None, {}))
             m = dict(m)
             roll = rng.random()
             if roll < 0.15:
                 value.clear()
-                v = None
+                val = None
             elif roll < 0.6:
-                v = rng.randrange(1000)
-                value.update(v)
+                val = rng.randrange(1000)
+                value.update(val)
             elif roll < 0.8:
                 mk = rng.randrange(4)
                 mapping.put(mk, cp)
@@ -224,7 +417,7 @@ def run_workload(t: LocalSubtask, checkpoints: range, rng: random.Random,
                 mk = rng.randrange(4)
                 mapping.remove(mk)
                 m.pop(mk, None)
-            model[key] = (v, m)
+            model[key] = (val, m)
         t.checkpoint(cp, complete=complete(cp))
         expected[cp] = {k: vm for k, vm in model.items() if vm != (None, {})}
     return expected
@@ -243,7 +436,7 @@ def read_all(t: LocalSubtask) -> dict[Any, Any]:
     return out
 
 
-def test_retained_one_keeps_one_committed_version_per_live_entry(
+def test_retained_one_keeps_what_the_last_two_completed_checkpoints_see(
         store: StateStore, local_dir: str) -> None:
     options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
     t = LocalSubtask(store, options, local_dir=local_dir)
@@ -251,43 +444,41 @@ def test_retained_one_keeps_one_committed_version_per_live_entry(
     expected = run_workload(t, range(1, 41), random.Random(7), complete=lambda cp: cp % 5)
     t.checkpoint(41, complete=False)  # snapshotted, not (yet) completed: nothing dirty
     latest = 39
-    assert store.latest_committed_epoch("op") == latest
+    assert committed_checkpoint(store) == latest
 
     versions = versions_by_entry(store)
     for entry, found in versions.items():
-        committed = [(e, tomb) for e, tomb in found if e <= latest]
-        assert len(committed) <= 1, (entry, found)
-        # A committed tombstone with nothing older is garbage too.
-        assert all(not tomb for _, tomb in committed), (entry, found)
-    # Every version is either the one committed version or of the uncommitted epoch 40.
+        completed = [e for e, _ in found if e <= latest]
+        assert len(completed) <= 2, (entry, found)  # for checkpoints 38 and 39
+    # Every version is one of those or of the uncompleted epoch 40.
     assert all(e <= latest or e == 40 for found in versions.values() for e, _ in found)
-    live = sum(1 for found in versions.values() if any(e <= latest for e, _ in found))
-    assert live == sum(1 + len(m) - (v is None) for v, m in expected[latest].values())
+    assert {s.epoch for s in store.list_snapshots("op")} == {38, 39, 40, 41}
 
-    # The committed state is still whole.
+    # The committed state is still whole, and so is the one before it.
     t.crash()
-    restored = LocalSubtask(store, options, restored_checkpoint_id=latest, local_dir=local_dir)
-    assert read_all(restored) == expected[latest]
-    restored.close()
+    for cp in (38, latest):
+        restored = LocalSubtask(store, options, restored_checkpoint_id=cp,
+                                local_dir=local_dir)
+        assert read_all(restored) == expected[cp]
+        restored.crash()
 
 
 def test_restore_from_each_of_three_retained_checkpoints(
         store_kind: str, store_factory: Any, local_dir: str) -> None:
     options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=3)
-    for restore_from in (12, 11, 10):
-        # Each restore on its own namespace: restoring an older checkpoint invalidates the
-        # newer ones, so every scenario starts from the same history.
-        store = store_factory(store_kind)
-        t = LocalSubtask(store, options, local_dir=local_dir)
-        expected = run_workload(t, range(1, 13), random.Random(11))
-        assert len({repr(expected[c]) for c in (10, 11, 12)}) == 3
-        per_entry = Counter(len(v) for v in versions_by_entry(store).values())
-        assert max(per_entry) <= 3
-        t.crash()
+    store = store_factory(store_kind)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    expected = run_workload(t, range(1, 13), random.Random(11))
+    assert len({repr(expected[c]) for c in (10, 11, 12)}) == 3
+    per_entry = [len(found) for found in versions_by_entry(store).values()]
+    assert max(per_entry) <= 4  # three retained checkpoints and one for readers
+    t.crash()
+    # Restores do not delete anything: each retained checkpoint, in any order.
+    for restore_from in (10, 12, 9, 11):
         restored = LocalSubtask(store, options, restored_checkpoint_id=restore_from,
                                 local_dir=local_dir)
         assert read_all(restored) == expected[restore_from], restore_from
-        restored.close()
+        restored.crash()
 
 
 @pytest.mark.parametrize("retained", [1, 2])

@@ -1,13 +1,14 @@
 """A MapState of 1,000,000 entries for one key: checkpointed, restored lazily into a new
 subtask and iterated in full with bounded memory.
 
-The million rows are written straight into the store as the epoch of checkpoint 1 (in
-batches, as a checkpoint writes them) under the state id, key bytes and key group that a
-`LocalSubtask` declares for the map; the commit marker of checkpoint 1 follows. A second
-`LocalSubtask` (cache of 1,000 entries, empty RocksDB tier) restores checkpoint 1 and
-iterates `items()`: each entry must come exactly once with its value, and the peak of
-Python allocations during the iteration (tracemalloc) must stay far below the size of the
-map (the map itself, as Python objects, would take well over 100 MB).
+The million rows are written straight into the store (in batches, as a checkpoint writes
+them) as the version of checkpoint 1 of the branch of a `LocalSubtask` that declares the
+map, under the state id, key bytes and key group it uses; that subtask then takes and
+completes checkpoint 1. A second `LocalSubtask` (cache of 1,000 entries, empty RocksDB
+tier) restores checkpoint 1 and iterates `items()`: each entry must come exactly once with
+its value, and the peak of Python allocations during the iteration (tracemalloc) must stay
+far below the size of the map (the map itself, as Python objects, would take well over
+100 MB).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pyflink_ndb.serialization.keys import encode_map_key
 from pyflink_ndb.serialization.values import encode_value
 from pyflink_ndb.stores.base import WriteRow
 from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.stores.lineage import version_of
 from pyflink_ndb.testing import LocalSubtask
 
 ENTRIES = 1_000_000
@@ -50,7 +52,8 @@ def test_million_entry_map_restores_and_iterates_in_bounded_memory(tmp_path: Pat
         writer.key(KEY)
         key_bytes, key_group = writer.backend.require_key()
         state_id = state._state_id
-        writer.close()
+        fence = writer.backend.protocol.fence
+        assert fence is not None
 
         started = time.monotonic()
 
@@ -59,12 +62,16 @@ def test_million_entry_map_restores_and_iterates_in_bounded_memory(tmp_path: Pat
                 yield WriteRow(key_group, state_id, key_bytes + encode_map_key(i), False,
                                encode_value(3 * i), None, None)
 
-        assert store.write_epoch(1, rows()) == ENTRIES
-        store.commit_epoch(OPERATOR, 1)
+        assert store.write_versions(fence, version_of(fence.branch, 1), rows()) == ENTRIES
+        writer.checkpoint(1)
+        writer.close()
         write_s = time.monotonic() - started
+        owner = store.read_operator(OPERATOR)
+        assert owner is not None and owner.committed is not None
+        assert owner.committed.checkpoint_id == 1
 
         reader = LocalSubtask(store, options, operator=OPERATOR, restored_checkpoint_id=1,
-                              restored_epoch_offset=0, local_dir=str(tmp_path / "local-reader"))
+                              local_dir=str(tmp_path / "local-reader"))
         restored = reader.context.get_map_state(descriptor())
         reader.key(KEY)
         seen = bytearray(ENTRIES)  # allocated before tracing: 1 MB

@@ -1,9 +1,10 @@
-"""Model-based test of the checkpoint protocol (DESIGN.md, decision 4) without Flink.
+"""Model-based test of the checkpoint history (docs/protocol.md) without Flink.
 
-Random operations on every state type over a small key space, snapshots, completions,
-aborts, lost completion notifications, crashes and restores (from the latest completed
-checkpoint or an older retained one), checked against a plain-dict model. After every
-restore, every key's every state must equal the model as of the restored checkpoint.
+Random operations on every state type over a small key space; checkpoints and
+savepoints; completions that are lost, late or out of order; aborts; failovers and new
+jobs from any snapshot (reusing checkpoint ids); replaced attempts that keep running as
+zombies; rescale. After every restore every key's every state must equal the model of
+the restored snapshot, and readers always see exactly one completed checkpoint.
 
 The tiers use a cache of one entry, so every access crosses RocksDB and the store.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import shutil
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
@@ -36,7 +39,11 @@ from pyflink.datastream.state import (
 )
 
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.errors import CheckpointError, FencedError
+from pyflink_ndb.serialization.keys import decode_key, split_key
+from pyflink_ndb.serialization.values import decode_value
 from pyflink_ndb.stores import StateStore, open_store
+from pyflink_ndb.stores.lineage import Token
 from pyflink_ndb.testing import LocalSubtask
 
 RETAINED = 3
@@ -98,8 +105,34 @@ def empty_model() -> dict[str, dict[Any, Any]]:
     return {name: {} for name in STATES}
 
 
+@dataclass
+class Snap:
+    """One snapshot as Flink keeps it: the tokens it stored, the state it must restore."""
+
+    number: int
+    checkpoint_id: int
+    job: int
+    tokens: tuple[str, ...]
+    model: dict[str, dict[Any, Any]]
+    savepoint: bool
+    #: The JobManager completed it (whether or not the task was told).
+    completed: bool = False
+    aborted: bool = False
+
+
 class ProtocolMachine(RuleBasedStateMachine):
-    """One subtask over its attempts; the class attributes choose the store."""
+    """One subtask across attempts and jobs, with zombies; the class attributes choose the
+    store.
+
+    Flink's side is modelled: checkpoint ids count per job (a job started from a snapshot
+    continues at its id + 1, so two jobs reuse ids); the JobManager may complete a
+    checkpoint without the task hearing of it (lost notification) and notifications may
+    arrive late; a failover restores the job's latest completed checkpoint (never a
+    savepoint; before the job's first checkpoint, the snapshot the job started from); a
+    new job may start from any snapshot ever taken. A replaced attempt keeps running as a
+    zombie: it writes, snapshots and receives late notifications, which must all fail
+    with FencedError and change nothing anybody else sees.
+    """
 
     STORE_KIND: ClassVar[str] = "sqlite"
     MYSQL_URL: ClassVar[str] = ""
@@ -115,23 +148,26 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.store: StateStore = open_store(NdbStateOptions(url=url, namespace=self.namespace))
         self.options = self.OPTIONS
         self.model = empty_model()
-        self.snapshots: dict[int, dict[str, dict[Any, Any]]] = {}
-        #: Completed checkpoints Flink still retains (newest last); a checkpoint that
-        #: dropped out never comes back, even after a restore from an older one.
-        self.retained: list[int] = []
-        self.pending: set[int] = set()
+        self.snaps: list[Snap] = []
+        self.job = 0
+        self.job_start: Snap | None = None
         self.next_checkpoint = 1
-        self.restores = 0
+        self.zombies: list[tuple[LocalSubtask, dict[str, Any]]] = []
         self._start(None)
 
-    def _start(self, restored: int | None) -> None:
-        self.subtask = LocalSubtask(self.store, self.options, restored_checkpoint_id=restored,
-                                    local_dir=self.tmp)
+    def _start(self, snap: Snap | None) -> None:
+        tokens = snap.tokens if snap is not None else None
+        self.subtask = LocalSubtask(
+            self.store, self.options, restored_checkpoint_id=None if snap is None else
+            snap.checkpoint_id, restored_tokens=tokens, local_dir=self.tmp,
+            job_id=f"job-{self.job}")
         self.states = declare(self.subtask)
 
     def teardown(self) -> None:
         try:
             self.subtask.close()
+            for z, _ in self.zombies:
+                z.close()
             self.store.close()
             if self.STORE_KIND == "mysql":
                 drop_namespace(self.MYSQL_URL, self.namespace)
@@ -166,88 +202,28 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(ops=st.lists(operations, min_size=1, max_size=4))
     def operate(self, ops: list[tuple[Any, ...]]) -> None:
         for op in ops:
-            self.apply(*op)
-
-    def apply(self, name: str, key: Any, *args: Any) -> None:
-        self.subtask.key(key)
-        state = self.states[name.split("_")[0]]
-        model = self.model
-        if name == "value_update":
-            (value,) = args
-            state.update(value)
-            if value is None:
-                model["value"].pop(key, None)
-            else:
-                model["value"][key] = value
-        elif name == "list_add":
-            (element,) = args
-            if element is None:
-                # Flink rejects null elements: nothing changes.
-                with pytest.raises(ValueError):
-                    state.add(None)
-            else:
-                state.add(element)
-                model["list"].setdefault(key, []).append(element)
-        elif name == "list_add_all":
-            (items,) = args
-            state.add_all(items)
-            if items:
-                model["list"].setdefault(key, []).extend(items)
-        elif name == "list_update":
-            (items,) = args
-            state.update(items)
-            if items:
-                model["list"][key] = list(items)
-            else:
-                model["list"].pop(key, None)
-        elif name == "map_put":
-            map_key, value = args
-            state.put(map_key, value)
-            model["map"].setdefault(key, {})[map_key] = value
-        elif name == "map_put_all":
-            (entries,) = args
-            state.put_all(entries)
-            if entries:
-                model["map"].setdefault(key, {}).update(entries)
-        elif name == "map_remove":
-            (map_key,) = args
-            del state[map_key]
-            current = model["map"].get(key, {})
-            current.pop(map_key, None)
-            if not current:
-                model["map"].pop(key, None)
-        elif name in ("reducing_add", "aggregating_add"):
-            (value,) = args
-            state.add(value)
-            kind = name.split("_")[0]
-            if value is None:  # clears, as PyFlink's own state does
-                model[kind].pop(key, None)
-            elif kind == "reducing":
-                current = model["reducing"].get(key)
-                model["reducing"][key] = value if current is None else current + value
-            else:
-                count, total = model["aggregating"].get(key, (0, 0))
-                model["aggregating"][key] = (count + 1, total + value)
-        elif name.endswith("_clear"):
-            state.clear()
-            model[name.split("_")[0]].pop(key, None)
-        else:
-            raise AssertionError(name)
+            apply(self.subtask, self.states, self.model, *op)
 
     @rule(key=keys)
     def read_one_key(self, key: Any) -> None:
         assert self.actual(key) == self.expected(key)
 
     # -- checkpoints ----------------------------------------------------------------------
-    @rule(complete=st.booleans())
-    def checkpoint(self, complete: bool) -> None:
+    def _own(self) -> list[Snap]:
+        return [s for s in self.snaps if s.job == self.job]
+
+    @rule(savepoint=st.booleans(), completed=st.booleans(), notify=st.booleans())
+    def snapshot(self, savepoint: bool, completed: bool, notify: bool) -> None:
         checkpoint_id = self.next_checkpoint
         self.next_checkpoint += 1
-        self.subtask.checkpoint(checkpoint_id, complete=False)
-        self.snapshots[checkpoint_id] = copy.deepcopy(self.model)
-        self.pending.add(checkpoint_id)
-        if complete:
-            self._complete(checkpoint_id)
+        token = self.subtask.backend.snapshot(checkpoint_id, savepoint)
+        snap = Snap(len(self.snaps), checkpoint_id, self.job, (token,),
+                    copy.deepcopy(self.model), savepoint)
+        self.snaps.append(snap)
+        if completed:
+            snap.completed = True
+            if notify:
+                self.subtask.backend.notify_checkpoint_complete(checkpoint_id)
 
     @rule(rounds=st.lists(st.lists(operations, min_size=1, max_size=3), min_size=2, max_size=4))
     def completed_rounds(self, rounds: list[list[tuple[Any, ...]]]) -> None:
@@ -255,72 +231,190 @@ class ProtocolMachine(RuleBasedStateMachine):
         attempts whose older versions garbage collection must handle."""
         for ops in rounds:
             self.operate(ops)
-            self.checkpoint(True)
+            self.snapshot(False, True, True)
 
-    def _complete(self, checkpoint_id: int) -> None:
-        self.subtask.backend.notify_checkpoint_complete(checkpoint_id)
-        self.retained = (self.retained + [checkpoint_id])[-RETAINED:]
-        # Completion subsumes every older pending checkpoint (Flink never completes them).
-        self.pending = {p for p in self.pending if p > checkpoint_id}
-
-    @precondition(lambda self: self.pending)
+    @precondition(lambda self: any(s.completed for s in self._own()))
     @rule(data=st.data())
-    def complete_late(self, data: st.DataObject) -> None:
+    def notify_late(self, data: st.DataObject) -> None:
         """A completion notification that arrives after later snapshots were taken."""
-        self._complete(data.draw(st.sampled_from(sorted(self.pending))))
+        snap = data.draw(st.sampled_from([s for s in self._own() if s.completed]))
+        self.subtask.backend.notify_checkpoint_complete(snap.checkpoint_id)
 
-    @precondition(lambda self: self.pending)
+    @precondition(lambda self: any(not s.completed for s in self._own()))
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
-        checkpoint_id = data.draw(st.sampled_from(sorted(self.pending)))
-        self.subtask.backend.notify_checkpoint_aborted(checkpoint_id)
-        self.pending.discard(checkpoint_id)
+        snap = data.draw(st.sampled_from([s for s in self._own() if not s.completed]))
+        self.subtask.backend.notify_checkpoint_aborted(snap.checkpoint_id)
+        snap.aborted = True
 
-    @precondition(lambda self: self.snapshots)
-    @rule(data=st.data())
-    def crash_and_restore(self, data: st.DataObject) -> None:
-        candidates: list[int | None] = list(self.retained)
-        if self.pending:
-            # Completed globally, but the notification was lost in the crash.
-            candidates.append(max(self.pending))
-        if not candidates:
-            candidates = [None]
-        # Mostly the newest one, as Flink does; sometimes an older retained one.
-        restored = data.draw(st.one_of(st.just(candidates[-1]), st.sampled_from(candidates)),
-                             label="restore from")
-        if restored is None:
-            event("fresh start")
-        elif restored not in self.retained:
-            event("restore from a checkpoint whose notification was lost")
-        elif restored != self.retained[-1]:
-            event("restore from an older retained checkpoint")
+    # -- failures -------------------------------------------------------------------------
+    def _count(self, what: str) -> None:
+        STATS[what] += 1
+
+    def _replace(self, snap: Snap | None, zombie: bool) -> None:
+        old = (self.subtask, self.states)
+        if zombie:
+            self.zombies = (self.zombies + [old])[-2:]
         else:
-            event("restore from the latest completed checkpoint")
-        self.subtask.crash()
-        self.restores += 1
-        if restored is None:
-            self.model = empty_model()
-            self.retained = []
-        else:
-            self.model = copy.deepcopy(self.snapshots[restored])
-            self.retained = [c for c in self.retained if c < restored] + [restored]
-        self.pending = set()
-        self._start(restored)
-        self.check_all(f"after restore from {restored}")
+            self.subtask.crash()
+        self.model = empty_model() if snap is None else copy.deepcopy(snap.model)
+        self._start(snap)
+        self.check_all(f"after restoring {snap}")
+
+    @rule(zombie=st.booleans())
+    def failover(self, zombie: bool) -> None:
+        """Flink restores the job's latest completed checkpoint (a savepoint never)."""
+        done = [s for s in self._own() if s.completed and not s.savepoint]
+        snap = max(done, key=lambda s: s.checkpoint_id) if done else self.job_start
+        event("failover to " + ("the job's start" if not done else "its latest checkpoint"))
+        self._count("failover")
+        self._replace(snap, zombie)
+
+    @precondition(lambda self: any(s.completed for s in self.snaps))
+    @rule(data=st.data(), zombie=st.booleans())
+    def new_job_from(self, data: st.DataObject, zombie: bool) -> None:
+        """A new job (same job id or not) from any completed snapshot ever taken (Flink
+        writes no metadata for others). The promised ones must restore exactly; any other
+        must restore exactly or fail with CheckpointError, never return other values."""
+        snap = data.draw(st.sampled_from([s for s in self.snaps if s.completed]),
+                         label="restore")
+        own_done = sorted((s for s in self._own() if s.completed and not s.savepoint),
+                          key=lambda s: s.checkpoint_id)
+        promised = ((snap.savepoint and not snap.aborted)
+                    or snap in own_done[-RETAINED:]
+                    or (snap is self.job_start and not own_done))
+        try:
+            probe = LocalSubtask(self.store, self.options, restored_checkpoint_id=
+                                 snap.checkpoint_id, restored_tokens=snap.tokens,
+                                 local_dir=self.tmp, job_id=f"job-{self.job + 1}")
+        except CheckpointError:
+            assert not promised, f"{snap} must be restorable"
+            event("restore refused (documented)")
+            self._count("refused")
+            return
+        event("new job from " + ("a savepoint" if snap.savepoint else "a checkpoint"))
+        self._count("new job from a savepoint" if snap.savepoint else "new job from a checkpoint")
+        probe.close()
+        self.job += 1
+        self.job_start = snap
+        self.next_checkpoint = snap.checkpoint_id + 1
+        self._replace(snap, zombie)
+
+    @precondition(lambda self: self.zombies)
+    @rule(ops=st.lists(operations, min_size=1, max_size=3), data=st.data())
+    def zombie_acts(self, ops: list[tuple[Any, ...]], data: st.DataObject) -> None:
+        """A replaced attempt keeps working: its writes stay in its own tiers, its
+        snapshot and late notifications are fenced."""
+        zombie, states = data.draw(st.sampled_from(self.zombies))
+        scratch = empty_model()
+        for op in ops:
+            apply(zombie, states, scratch, *op)
+        with pytest.raises(FencedError):
+            zombie.backend.snapshot(10_000 + len(self.snaps))
+        with pytest.raises(FencedError):
+            zombie.backend.notify_checkpoint_complete(self.next_checkpoint - 1)
+        self._count("zombie fenced")
 
     @invariant()
-    def retained_checkpoints_are_committed(self) -> None:
-        markers = [e for e, savepoint in self.store.committed_epochs("op") if not savepoint]
-        assert set(self.retained) <= set(markers)
-        assert max(markers, default=None) == (self.retained[-1] if self.retained else None)
+    def readers_see_one_completed_checkpoint(self) -> None:
+        """What `query` reads is exactly one completed checkpoint's state (P4)."""
+        row = self.store.read_operator("op")
+        if row is None or row.committed is None:
+            return
+        # A completed checkpoint, or the savepoint the running job started from.
+        matching = [s for s in self.snaps if s.completed
+                    and (not s.savepoint or s is self.job_start)
+                    and tuple(Token.from_json(t) for t in s.tokens) == row.committed.parts]
+        assert matching, row.committed
+        seen = {}
+        for rec in self.store.iter_committed("op", "value"):
+            prefix, _ = split_key(rec["ukey"])
+            seen[decode_key(prefix)] = decode_value(rec["vbytes"])
+        assert seen == matching[-1].model["value"]
+
+
+def apply(subtask: LocalSubtask, states: dict[str, Any], model: dict[str, dict[Any, Any]],
+          name: str, key: Any, *args: Any) -> None:
+    """Apply one operation to the tiered states and to the dict model."""
+    subtask.key(key)
+    state = states[name.split("_")[0]]
+    if name == "value_update":
+        (value,) = args
+        state.update(value)
+        if value is None:
+            model["value"].pop(key, None)
+        else:
+            model["value"][key] = value
+    elif name == "list_add":
+        (element,) = args
+        if element is None:
+            # Flink rejects null elements: nothing changes.
+            with pytest.raises(ValueError):
+                state.add(None)
+        else:
+            state.add(element)
+            model["list"].setdefault(key, []).append(element)
+    elif name == "list_add_all":
+        (items,) = args
+        state.add_all(items)
+        if items:
+            model["list"].setdefault(key, []).extend(items)
+    elif name == "list_update":
+        (items,) = args
+        state.update(items)
+        if items:
+            model["list"][key] = list(items)
+        else:
+            model["list"].pop(key, None)
+    elif name == "map_put":
+        map_key, value = args
+        state.put(map_key, value)
+        model["map"].setdefault(key, {})[map_key] = value
+    elif name == "map_put_all":
+        (entries,) = args
+        state.put_all(entries)
+        if entries:
+            model["map"].setdefault(key, {}).update(entries)
+    elif name == "map_remove":
+        (map_key,) = args
+        del state[map_key]
+        current = model["map"].get(key, {})
+        current.pop(map_key, None)
+        if not current:
+            model["map"].pop(key, None)
+    elif name in ("reducing_add", "aggregating_add"):
+        (value,) = args
+        state.add(value)
+        kind = name.split("_")[0]
+        if value is None:  # clears, as PyFlink's own state does
+            model[kind].pop(key, None)
+        elif kind == "reducing":
+            current = model["reducing"].get(key)
+            model["reducing"][key] = value if current is None else current + value
+        else:
+            count, total = model["aggregating"].get(key, (0, 0))
+            model["aggregating"][key] = (count + 1, total + value)
+    elif name.endswith("_clear"):
+        state.clear()
+        model[name.split("_")[0]].pop(key, None)
+    else:
+        raise AssertionError(name)
+
+
+#: How often each kind of event happened in the last run (the test checks its coverage).
+STATS: Counter[str] = Counter()
 
 
 def run(kind: str, mysql_url: str, max_examples: int, steps: int) -> None:
+    STATS.clear()
     machine = type(f"ProtocolMachine_{kind}", (ProtocolMachine,),
                    {"STORE_KIND": kind, "MYSQL_URL": mysql_url})
     run_state_machine_as_test(machine, settings=settings(
         max_examples=max_examples, stateful_step_count=steps, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow]))
+    for what in ("failover", "new job from a checkpoint", "new job from a savepoint",
+                 "zombie fenced"):
+        assert STATS[what] >= 3, (what, dict(STATS))
 
 
 def test_protocol_model_sqlite() -> None:
@@ -369,7 +463,7 @@ class Job:
 
     def checkpoint(self, checkpoint_id: int, complete: bool = True) -> None:
         for t in self.subtasks:
-            t.backend.snapshot(checkpoint_id)
+            t.snapshot(checkpoint_id)
         if complete:
             for t in self.subtasks:
                 t.backend.notify_checkpoint_complete(checkpoint_id)

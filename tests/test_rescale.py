@@ -32,7 +32,7 @@ def wait_for_commit(options, timeout_s: float = 120.0) -> int:
     store = open_store(from_flink_keys(options))
     try:
         while time.monotonic() < deadline:
-            epoch = store.latest_committed_epoch(OPERATOR_UID)
+            epoch = store.latest_committed_checkpoint(OPERATOR_UID)
             if epoch is not None:
                 return epoch
             time.sleep(0.2)

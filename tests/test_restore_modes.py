@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from pyflink.common import Types
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.errors import CheckpointError
+from pyflink_ndb.stores.lineage import Descriptor, Token
 from pyflink_ndb.testing import LocalSubtask
 
 
@@ -60,25 +65,42 @@ def test_eager_restore_prefetches_the_key_groups(store, tmp_path):
     restored.close()
 
 
-def test_resume_continues_from_the_latest_committed_epoch(store, tmp_path):
+def test_resume_continues_from_the_latest_committed_checkpoint(store, tmp_path):
     _fill(store, tmp_path, NdbStateOptions())
+    first = store.read_operator("op").committed
+    first_token = store.list_snapshots("op")[0].token.to_json()
     resumed = LocalSubtask(store, NdbStateOptions(on_fresh_start="resume"),
                            local_dir=str(tmp_path / "resume"))
-    assert resumed.backend.epoch_offset() == 1
+    # A new branch whose lineage is the committed checkpoint; readers still see that one.
+    protocol = resumed.backend.protocol
+    assert protocol.restored == first
+    assert protocol.branch not in {t.branch for t in first.parts}
+    origin = store.load_branches([protocol.branch])[protocol.branch].origin
+    assert json.loads(origin)["kind"] == "resume"
+    assert store.read_operator("op").committed == first
     value = resumed.context.get_state(ValueStateDescriptor("v", Types.INT()))
     resumed.key(3)
     assert value.value() == 30
     value.update(31)
-    resumed.checkpoint(1)  # checkpoint ids of the new job start again at 1: epoch 2
+    resumed.checkpoint(1)  # checkpoint ids of the new job start again at 1
     resumed.close()
+    committed = store.read_operator("op").committed
+    assert committed == Descriptor((Token(protocol.branch, 1, 0, 127),))
     again = LocalSubtask(store, NdbStateOptions(), restored_checkpoint_id=1,
-                         restored_epoch_offset=1, local_dir=str(tmp_path / "again"))
+                         local_dir=str(tmp_path / "again"))
     value = again.context.get_state(ValueStateDescriptor("v", Types.INT()))
     again.key(3)
     assert value.value() == 31
     again.key(4)
     assert value.value() == 40
     again.close()
+    # The first job's checkpoint 1 is another snapshot with the same id: still itself.
+    old = LocalSubtask(store, NdbStateOptions(), restored_checkpoint_id=1,
+                       restored_tokens=(first_token,), local_dir=str(tmp_path / "old"))
+    value = old.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    old.key(3)
+    assert value.value() == 30
+    old.close()
 
 
 def test_truncate_starts_empty(store, tmp_path):
@@ -86,15 +108,19 @@ def test_truncate_starts_empty(store, tmp_path):
     fresh = LocalSubtask(store, NdbStateOptions(on_fresh_start="truncate"),
                          local_dir=str(tmp_path / "truncate"))
     assert _read_all(fresh) == {k: (None, {}) for k in range(50)}
-    assert store.latest_committed_epoch("op") is None
+    assert store.read_operator("op").committed is None
+    assert store.query_committed("op") == []
+    assert store.list_snapshots("op") == []  # the old checkpoints are released
     fresh.close()
+    with pytest.raises(CheckpointError, match="can no longer be restored"):
+        LocalSubtask(store, NdbStateOptions(), restored_checkpoint_id=1,
+                     local_dir=str(tmp_path / "old"))
 
 
-def test_restoring_a_savepoint_that_a_failover_rolled_back_fails_loudly(store, tmp_path):
-    import pytest
-
-    from pyflink_ndb.errors import CheckpointError
-
+def test_a_savepoint_stays_restorable_after_a_failover_to_an_older_checkpoint(store,
+                                                                             tmp_path):
+    """Savepoints are pinned until released: a failover to checkpoint 1 abandons the
+    attempt that took savepoint 2, and savepoint 2 still restores its own state."""
     options = NdbStateOptions(cache_max_entries=1)
     job = LocalSubtask(store, options, local_dir=str(tmp_path / "a"))
     value = job.context.get_state(ValueStateDescriptor("v", Types.INT()))
@@ -102,20 +128,52 @@ def test_restoring_a_savepoint_that_a_failover_rolled_back_fails_loudly(store, t
     value.update(1)
     job.checkpoint(1)
     value.update(2)
-    job.backend.snapshot(2, is_savepoint=True)  # an intermediate savepoint
+    job.snapshot(2, is_savepoint=True)  # an intermediate savepoint
     job.crash()
-    # Failover to checkpoint 1 (Flink never fails over to a savepoint): savepoint 2's rows
-    # are rolled back, so restoring it later must not silently return checkpoint 1's state.
+    # Failover to checkpoint 1 (Flink never fails over to a savepoint).
+    back = LocalSubtask(store, options, restored_checkpoint_id=1,
+                        local_dir=str(tmp_path / "b"))
+    value = back.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    back.key("k")
+    assert value.value() == 1
+    back.close()
+    savepoint = LocalSubtask(store, options, restored_checkpoint_id=2,
+                             local_dir=str(tmp_path / "c"))
+    value = savepoint.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    savepoint.key("k")
+    assert value.value() == 2
+    savepoint.close()
+
+
+def test_restoring_a_released_savepoint_or_an_abandoned_checkpoint_fails_loudly(store,
+                                                                              tmp_path):
+    options = NdbStateOptions(cache_max_entries=1)
+    job = LocalSubtask(store, options, local_dir=str(tmp_path / "a"))
+    value = job.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    job.key("k")
+    value.update(1)
+    job.checkpoint(1)
+    value.update(2)
+    savepoint = job.snapshot(2, is_savepoint=True)
+    value.update(3)
+    job.checkpoint(3, complete=False)  # never completed
+    job.crash()
     LocalSubtask(store, options, restored_checkpoint_id=1,
                  local_dir=str(tmp_path / "b")).close()
+    # Checkpoint 3 never completed and the failover abandoned it: its rows are no state.
     with pytest.raises(CheckpointError, match="can no longer be restored"):
-        LocalSubtask(store, options, restored_checkpoint_id=2, local_dir=str(tmp_path / "c"))
+        LocalSubtask(store, options, restored_checkpoint_id=3, local_dir=str(tmp_path / "c"))
+    # A released savepoint (pyflink-ndb release-savepoint) is no longer restorable either.
+    token = Token.from_json(savepoint)
+    assert store.delete_snapshots("op", [(token.branch, token.epoch)]) == 1
+    with pytest.raises(CheckpointError, match="can no longer be restored"):
+        LocalSubtask(store, options, restored_checkpoint_id=2, local_dir=str(tmp_path / "d"))
 
 
-def test_a_new_job_from_a_savepoint_reuses_rolled_back_epochs(store, tmp_path):
-    """Old job: checkpoint 1, savepoint 2, checkpoint 3, then a failover to 1 rolls back
-    savepoint 2. A new job from checkpoint 1 takes checkpoints 2 and 3 again (Flink continues
-    the ids): restoring its checkpoint 2 is valid."""
+def test_a_new_job_from_a_checkpoint_reuses_checkpoint_ids(store, tmp_path):
+    """Old job: checkpoint 1, savepoint 2, then a failover to 1. A new job from checkpoint 1
+    takes checkpoint 2 again (Flink continues the ids): restoring its checkpoint 2 gives
+    its state, and the old savepoint 2 (the same id) gives the old one."""
     options = NdbStateOptions(cache_max_entries=1)
     old = LocalSubtask(store, options, local_dir=str(tmp_path / "a"))
     value = old.context.get_state(ValueStateDescriptor("v", Types.INT()))
@@ -123,7 +181,7 @@ def test_a_new_job_from_a_savepoint_reuses_rolled_back_epochs(store, tmp_path):
     value.update(1)
     old.checkpoint(1)
     value.update(2)
-    old.backend.snapshot(2, is_savepoint=True)
+    old_savepoint = old.snapshot(2, is_savepoint=True)
     old.crash()
     LocalSubtask(store, options, restored_checkpoint_id=1, local_dir=str(tmp_path / "b")).close()
     new = LocalSubtask(store, options, restored_checkpoint_id=1, local_dir=str(tmp_path / "c"))
@@ -137,3 +195,9 @@ def test_a_new_job_from_a_savepoint_reuses_rolled_back_epochs(store, tmp_path):
     again.key("k")
     assert value.value() == 20
     again.close()
+    older = LocalSubtask(store, options, restored_checkpoint_id=2,
+                         restored_tokens=(old_savepoint,), local_dir=str(tmp_path / "e"))
+    value = older.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    older.key("k")
+    assert value.value() == 2
+    older.close()

@@ -598,15 +598,18 @@ def test_value_over_the_limit_fails_the_snapshot_and_writes_nothing(
     h.map().put("m", "small")
     h.maybe_restart()
     before = h.store.count_rows()
-    markers = h.store.committed_epochs("op")
+    snapshots = h.store.list_snapshots("op")
+    owner = h.store.read_operator("op")
     h.key("a")
     h.value().update("changed")
     h.key("big")
     h.value().update(b"x" * 2000)
     with pytest.raises(ValueTooLargeError):
         h.checkpoint()
+    # No row, no snapshot row, and readers still see the same checkpoint.
     assert h.store.count_rows() == before
-    assert h.store.committed_epochs("op") == markers
+    assert h.store.list_snapshots("op") == snapshots
+    assert h.store.read_operator("op") == owner
     # The live state is unchanged by the failed snapshot.
     h.key("a")
     assert h.value().value() == "changed"

@@ -1,7 +1,10 @@
-"""The store contract (tier 3), run on SQLite and on the MySQL-protocol server."""
+"""The store contract (tier 3), run on SQLite and on the MySQL-protocol server: versions
+read through ranges, fenced writes, snapshot rows, the owner row, readers, deletes,
+branches, the catalog and the format check."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -13,17 +16,40 @@ from conftest import mysql_connect, unique_namespace
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 
+from pyflink_ndb.checkpoint.gc import Deletion
 from pyflink_ndb.config import NdbStateOptions
-from pyflink_ndb.errors import StateCompatibilityError, StoreUnavailableError
+from pyflink_ndb.errors import FencedError, StateCompatibilityError, StoreUnavailableError
 from pyflink_ndb.serialization import encode_key, encode_value, value_json
 from pyflink_ndb.serialization.keys import encode_map_key
-from pyflink_ndb.stores import StateStore, WriteRow, open_store
-from pyflink_ndb.stores.base import CHUNK_BYTES, FORMAT_VERSION
+from pyflink_ndb.stores import StateStore, StoredVersion, WriteRow, open_store
+from pyflink_ndb.stores.base import (
+    CHUNK_BYTES,
+    COMPLETED,
+    FORMAT_VERSION,
+    KIND_CHECKPOINT,
+    KIND_FINAL,
+    KIND_SAVEPOINT,
+    MAX_BATCH_BYTES,
+    PENDING,
+    Fence,
+)
+from pyflink_ndb.stores.lineage import (
+    Descriptor,
+    Lineage,
+    Ranges,
+    Token,
+    fresh_lineage,
+    lineage_from_tokens,
+    own_range,
+    version_of,
+)
 from pyflink_ndb.testing import LocalSubtask
 
+OP = "op"
 SID = 7
 OTHER_SID = 8
 KG = 3
+KG_END = 127
 
 #: Byte and text values that trip drivers, collations and JSON columns.
 EDGE_VALUES: list[Any] = [
@@ -37,18 +63,59 @@ def row(ukey: bytes, value: bytes | None, *, kg: int = KG, sid: int = SID,
     return WriteRow(kg, sid, ukey, value is None, value, value_json, expires)
 
 
-def latest_value(store: StateStore, ukey: bytes, max_epoch: int | None = None,
-                 kg: int = KG, sid: int = SID) -> bytes | None:
-    version = store.read_latest(sid, kg, ukey, max_epoch)
+def branch(store: StateStore, operator: str = OP, kg_start: int = 0, kg_end: int = KG_END,
+           lineage: Lineage | None = None, claim: bool = True) -> Fence:
+    """A new branch (fresh unless `lineage` is given) that claims its key groups."""
+    lineage = lineage or fresh_lineage(0, kg_start, kg_end)
+    bid = store.allocate_branch(operator, kg_start, kg_end, lineage.to_json(),
+                                {"kind": "test"}, "job", 0, 0)
+    fence = Fence(operator, bid, kg_start, kg_end)
+    if claim:
+        store.claim(fence, None)
+    return fence
+
+
+def child_of(parent: Fence, epoch: int) -> Lineage:
+    """The lineage of a branch restored from snapshot (parent, epoch) of a fresh parent."""
+    return lineage_from_tokens(0, parent.kg_start, parent.kg_end,
+                               [Token(parent.branch, epoch, parent.kg_start, parent.kg_end)],
+                               {parent.branch: fresh_lineage(parent.branch, parent.kg_start,
+                                                             parent.kg_end)})
+
+
+def head(fence: Fence) -> Ranges:
+    """What a fresh branch's running attempt reads."""
+    return (own_range(fence.branch),)
+
+
+def write(store: StateStore, fence: Fence, epoch: int, rows: list[WriteRow]) -> int:
+    return store.write_versions(fence, version_of(fence.branch, epoch), rows)
+
+
+def checkpoint(store: StateStore, fence: Fence, epoch: int) -> Descriptor | None:
+    """Record, complete and (when every owner has it) commit snapshot `epoch`."""
+    store.insert_snapshot(fence, epoch, KIND_CHECKPOINT, "job")
+    store.mark_completed(fence.operator, [(fence.branch, epoch)], fence)
+    return store.advance_committed(fence, epoch)
+
+
+def latest(store: StateStore, ukey: bytes, ranges: Ranges, kg: int = KG,
+           sid: int = SID) -> StoredVersion | None:
+    return store.read_latest(sid, kg, ukey, ranges)
+
+
+def latest_value(store: StateStore, ukey: bytes, ranges: Ranges, kg: int = KG,
+                 sid: int = SID) -> bytes | None:
+    version = latest(store, ukey, ranges, kg, sid)
     assert version is not None
     return version.value
 
 
-def scan_all(store: StateStore, prefix: bytes, page: int, kg: int = KG, sid: int = SID
-             ) -> Iterator[tuple[bytes, Any]]:
+def scan_all(store: StateStore, prefix: bytes, page: int, ranges: Ranges, kg: int = KG,
+             sid: int = SID) -> Iterator[tuple[bytes, StoredVersion]]:
     after = None
     while True:
-        rows = store.scan_latest(sid, kg, prefix, after, page)
+        rows = store.scan_latest(sid, kg, prefix, after, page, ranges)
         assert len(rows) <= page
         yield from rows
         if len(rows) < page:
@@ -56,79 +123,188 @@ def scan_all(store: StateStore, prefix: bytes, page: int, kg: int = KG, sid: int
         after = rows[-1][0]
 
 
-# -- writes and reads -------------------------------------------------------------------
+# -- writes and reads through ranges ----------------------------------------------------
 
-def test_write_epoch_and_read_latest(store: StateStore) -> None:
-    assert store.read_latest(SID, KG, b"k") is None
-    store.write_epoch(1, [row(b"k", b"v1"), row(b"j", b"j1")])
-    store.write_epoch(2, [row(b"k", b"v2")])
-    store.write_epoch(5, [row(b"k", b"v5", expires=123)])
+def test_write_versions_and_read_latest_within_ranges(store: StateStore) -> None:
+    fence = branch(store)
+    b = fence.branch
+    assert latest(store, b"k", head(fence)) is None
+    write(store, fence, 1, [row(b"k", b"v1"), row(b"j", b"j1")])
+    write(store, fence, 2, [row(b"k", b"v2")])
+    write(store, fence, 5, [row(b"k", b"v5", expires=123)])
 
-    newest = store.read_latest(SID, KG, b"k")
-    assert newest is not None
-    assert (newest.epoch, newest.tombstone, newest.value, newest.expires_at_ms) == \
-        (5, False, b"v5", 123)
-    assert latest_value(store, b"k", max_epoch=4) == b"v2"
-    assert latest_value(store, b"k", max_epoch=1) == b"v1"
-    assert store.read_latest(SID, KG, b"k", max_epoch=0) is None
-    assert latest_value(store, b"j") == b"j1"
-    # Other key group, other state id, prefix of the key: not the same entry.
-    assert store.read_latest(SID, KG + 1, b"k") is None
-    assert store.read_latest(OTHER_SID, KG, b"k") is None
-    assert store.read_latest(SID, KG, b"") is None
+    newest = latest(store, b"k", head(fence))
+    assert newest == StoredVersion(version_of(b, 5), False, b"v5", 123)
+    # A snapshot (b, e) sees b's versions up to e.
+    assert latest_value(store, b"k", (own_range(b, 4),)) == b"v2"
+    assert latest_value(store, b"k", (own_range(b, 1),)) == b"v1"
+    assert latest(store, b"k", (own_range(b, 0),)) is None
+    assert latest(store, b"k", ()) is None
+    # The newest version across several ranges.
+    assert latest_value(store, b"k", ((version_of(b, 5), version_of(b, 5)),
+                                      own_range(b, 1))) == b"v5"
+    assert latest_value(store, b"k", ((version_of(b, 2), version_of(b, 3)),
+                                      own_range(b, 1))) == b"v2"
+    assert latest_value(store, b"j", head(fence)) == b"j1"
+    # Other key group, other state id, prefix of the key, other branch: not the entry.
+    assert latest(store, b"k", head(fence), kg=KG + 1) is None
+    assert latest(store, b"k", head(fence), sid=OTHER_SID) is None
+    assert latest(store, b"", head(fence)) is None
+    assert latest(store, b"k", (own_range(b + 1),)) is None
 
 
-def test_write_epoch_is_an_idempotent_upsert(store: StateStore) -> None:
-    assert store.write_epoch(3, [row(b"k", b"first")]) == 1
-    assert store.write_epoch(3, [row(b"k", b"second")]) == 1
-    assert latest_value(store, b"k") == b"second"
+def test_a_restored_branch_sees_its_parent_up_to_the_restore_point(store: StateStore) -> None:
+    parent = branch(store)
+    p = parent.branch
+    write(store, parent, 1, [row(b"a", b"a1"), row(b"b", b"b1"), row(b"c", b"c1")])
+    write(store, parent, 2, [row(b"a", b"a2"), row(b"b", None)])
+    write(store, parent, 3, [row(b"a", b"a3"), row(b"c", b"c3"), row(b"d", b"d3")])
+    child = branch(store, lineage=child_of(parent, 2))
+    c = child.branch
+    sees = store.load_branches([c])[c].lineage.head(KG)
+    assert sees == (own_range(p, 2), own_range(c))
+
+    def view(ranges: Ranges) -> dict[bytes, Any]:
+        return {u: (v.value, v.version) for u, v in scan_all(store, b"", 2, ranges)}
+
+    # Nothing is rolled back: epoch 3 of the parent is simply outside the child's ranges.
+    assert view(sees) == {b"a": (b"a2", version_of(p, 2)), b"b": (None, version_of(p, 2)),
+                          b"c": (b"c1", version_of(p, 1))}
+    write(store, child, 1, [row(b"a", b"ca"), row(b"b", b"cb")])
+    assert version_of(c, 1) > version_of(p, 3)  # version order is lineage order
+    assert view(sees) == {b"a": (b"ca", version_of(c, 1)), b"b": (b"cb", version_of(c, 1)),
+                          b"c": (b"c1", version_of(p, 1))}
+    assert latest(store, b"d", sees) is None
+    # The parent's own views are unchanged by the child.
+    assert {u: v for u, (v, _) in view(head(parent)).items()} == \
+        {b"a": b"a3", b"b": None, b"c": b"c3", b"d": b"d3"}
+    assert {u: v for u, (v, _) in view((own_range(p, 1),)).items()} == \
+        {b"a": b"a1", b"b": b"b1", b"c": b"c1"}
+
+
+def test_write_versions_is_an_idempotent_upsert(store: StateStore) -> None:
+    fence = branch(store)
+    assert write(store, fence, 3, [row(b"k", b"first")]) == 1
+    assert write(store, fence, 3, [row(b"k", b"second")]) == 1
+    assert latest_value(store, b"k", head(fence)) == b"second"
     assert store.count_rows() == 1
 
 
 def test_rewrite_of_a_chunked_version_with_fewer_chunks(store: StateStore) -> None:
+    fence = branch(store)
     big = random.Random(1).randbytes(3 * CHUNK_BYTES + 17)
-    store.write_epoch(4, [row(b"k", big)])
-    store.write_epoch(4, [row(b"k", b"small")])
-    assert latest_value(store, b"k") == b"small"
-    store.write_epoch(4, [row(b"k", big[: CHUNK_BYTES + 1])])
-    assert latest_value(store, b"k") == big[: CHUNK_BYTES + 1]
-    assert store.scan_latest(SID, KG, b"", None, 10)[0][1].value == big[: CHUNK_BYTES + 1]
+    assert write(store, fence, 4, [row(b"k", big)]) == 4
+    write(store, fence, 4, [row(b"k", b"small")])
+    assert latest_value(store, b"k", head(fence)) == b"small"
+    write(store, fence, 4, [row(b"k", big[: CHUNK_BYTES + 1])])
+    assert latest_value(store, b"k", head(fence)) == big[: CHUNK_BYTES + 1]
+    scanned = store.scan_latest(SID, KG, b"", None, 10, head(fence))
+    assert scanned[0][1].value == big[: CHUNK_BYTES + 1]
 
 
-def test_write_batches_respect_batch_size(store_kind: str,
-                                          store_factory: Callable[..., StateStore]) -> None:
-    store = store_factory(store_kind)
+class WriteRecorder:
+    """The rows of every executemany, grouped by "write versions" transaction."""
+
+    def __init__(self, store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.transactions: list[list[list[Any]]] = []
+        txn, executemany = store._txn, store._executemany
+
+        def recording_txn(what: str, work: Callable[[], Any], fence: Fence | None = None
+                          ) -> Any:
+            if what == "write versions":
+                self.transactions.append([])
+            return txn(what, work, fence)
+
+        def recording_executemany(text: str, rows: Any) -> None:
+            if self.transactions:
+                self.transactions[-1].append(list(rows))
+            executemany(text, rows)
+
+        monkeypatch.setattr(store, "_txn", recording_txn)
+        monkeypatch.setattr(store, "_executemany", recording_executemany)
+
+    @property
+    def statements(self) -> list[list[Any]]:
+        return [s for t in self.transactions for s in t]
+
+
+def test_write_batches_respect_batch_size(store: StateStore,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fence = branch(store)
     store.write_batch_rows = 7
-    written = store.write_epoch(1, [row(b"k%04d" % i, b"v%d" % i) for i in range(100)])
+    recorder = WriteRecorder(store, monkeypatch)
+    written = write(store, fence, 1, [row(b"k%04d" % i, b"v%d" % i) for i in range(100)])
     assert written == 100
+    sizes = [len(s) for s in recorder.statements]
+    assert sum(sizes) == 100 and max(sizes) <= 7
+    if store.commit_each_batch:  # one bounded transaction per batch (NDB)
+        assert [sum(len(s) for s in t) for t in recorder.transactions] == [7] * 14 + [2]
+    else:  # SQLite: one transaction for the epoch
+        assert len(recorder.transactions) == 1
     assert store.count_rows() == 100
-    assert [latest_value(store, b"k%04d" % i) for i in range(100)] == \
+    assert [latest_value(store, b"k%04d" % i, head(fence)) for i in range(100)] == \
         [b"v%d" % i for i in range(100)]
 
 
+def test_write_transactions_stay_under_the_byte_cap(store: StateStore,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fence = branch(store)
+    recorder = WriteRecorder(store, monkeypatch)
+    values = [random.Random(i).randbytes(200_000) for i in range(30)]  # 6 MB in all
+    assert write(store, fence, 1, [row(b"k%02d" % i, v) for i, v in enumerate(values)]) == 30
+    if store.commit_each_batch:
+        per_txn = [sum(len(p[9]) for s in t for p in s) for t in recorder.transactions]
+        assert len(per_txn) >= 2 and max(per_txn) <= MAX_BATCH_BYTES
+    assert [latest_value(store, b"k%02d" % i, head(fence)) for i in range(30)] == values
+
+
 def test_tombstones(store: StateStore) -> None:
-    store.write_epoch(1, [row(b"k", b"v1")])
-    store.write_epoch(2, [row(b"k", None)])
-    tomb = store.read_latest(SID, KG, b"k")
-    assert tomb is not None
-    assert (tomb.epoch, tomb.tombstone, tomb.value) == (2, True, None)
-    assert latest_value(store, b"k", max_epoch=1) == b"v1"
-    scanned = store.scan_latest(SID, KG, b"", None, 10)
+    sid = store.register_state(OP, "v", "value", "pickle-5", None)
+    fence = branch(store)
+    b = fence.branch
+    write(store, fence, 1, [row(b"k", b"v1", sid=sid)])
+    write(store, fence, 2, [row(b"k", None, sid=sid)])
+    tomb = latest(store, b"k", head(fence), sid=sid)
+    assert tomb == StoredVersion(version_of(b, 2), True, None, None)
+    assert latest_value(store, b"k", (own_range(b, 1),), sid=sid) == b"v1"
+    scanned = store.scan_latest(sid, KG, b"", None, 10, head(fence))
     assert [(u, v.tombstone, v.value) for u, v in scanned] == [(b"k", True, None)]
-    store.write_epoch(3, [row(b"k", b"v3")])
-    assert latest_value(store, b"k") == b"v3"
     # The committed view never shows tombstones.
-    store.commit_epoch("op", 2)
+    assert checkpoint(store, fence, 2) is not None
     assert store.query_committed() == []
+    write(store, fence, 3, [row(b"k", b"v3", sid=sid)])
+    assert latest_value(store, b"k", head(fence), sid=sid) == b"v3"
+    checkpoint(store, fence, 3)
+    assert [r["vbytes"] for r in store.query_committed()] == [b"v3"]
+
+
+def test_read_versions_lists_every_version_of_each_entry(store: StateStore) -> None:
+    fence = branch(store)
+    b = fence.branch
+    store.write_batch_rows = 2  # several queries
+    write(store, fence, 1, [row(b"a", b"1"), row(b"b", b"1"), row(b"c", b"1")])
+    write(store, fence, 2, [row(b"a", None), row(b"c", random.Random(2).randbytes(
+        CHUNK_BYTES + 1))])
+    write(store, fence, 3, [row(b"a", b"3")])
+    refs = [(KG, SID, b"a"), (KG, SID, b"b"), (KG, SID, b"c"), (KG, SID, b"none"),
+            (KG + 1, SID, b"a")]
+    assert store.read_versions(refs) == {
+        (KG, SID, b"a"): [(version_of(b, 1), False), (version_of(b, 2), True),
+                          (version_of(b, 3), False)],
+        (KG, SID, b"b"): [(version_of(b, 1), False)],
+        (KG, SID, b"c"): [(version_of(b, 1), False), (version_of(b, 2), False)],
+        (KG, SID, b"none"): [], (KG + 1, SID, b"a"): []}
 
 
 # -- scans ------------------------------------------------------------------------------
 
 def test_scan_latest_pages_over_more_rows_than_a_page(store: StateStore) -> None:
+    fence = branch(store)
+    b = fence.branch
     n = 2_345
     prefix = encode_key("flink-key")
     ukeys = [prefix + encode_map_key(i) for i in range(n)]
-    store.write_epoch(1, [row(u, b"e1-%d" % i) for i, u in enumerate(ukeys)])
+    write(store, fence, 1, [row(u, b"e1-%d" % i) for i, u in enumerate(ukeys)])
     # A second epoch overwrites every third entry and deletes every fifth.
     second = []
     for i, u in enumerate(ukeys):
@@ -136,123 +312,483 @@ def test_scan_latest_pages_over_more_rows_than_a_page(store: StateStore) -> None
             second.append(row(u, None))
         elif i % 3 == 0:
             second.append(row(u, b"e2-%d" % i))
-    store.write_epoch(2, second)
+    write(store, fence, 2, second)
     # Neighbours that must stay outside the prefix.
     other = encode_key("flink-kez")
-    store.write_epoch(1, [row(other + encode_map_key(0), b"x"), row(b"\x00", b"y"),
-                          row(prefix + encode_map_key(1), b"other-sid", sid=OTHER_SID),
-                          row(prefix + encode_map_key(1), b"other-kg", kg=KG + 1)])
+    write(store, fence, 1, [row(other + encode_map_key(0), b"x"), row(b"\x00", b"y"),
+                            row(prefix + encode_map_key(1), b"other-sid", sid=OTHER_SID),
+                            row(prefix + encode_map_key(1), b"other-kg", kg=KG + 1)])
 
-    seen = list(scan_all(store, prefix, page=1000))
+    seen = list(scan_all(store, prefix, 1000, head(fence)))
     assert [u for u, _ in seen] == sorted(ukeys)
     by_key = dict(seen)
     for i, u in enumerate(ukeys):
         version = by_key[u]
         if i % 5 == 0:
-            assert version.tombstone and version.value is None and version.epoch == 2
+            assert version.tombstone and version.value is None
+            assert version.version == version_of(b, 2)
         elif i % 3 == 0:
-            assert (version.value, version.epoch) == (b"e2-%d" % i, 2)
+            assert (version.value, version.version) == (b"e2-%d" % i, version_of(b, 2))
         else:
-            assert (version.value, version.epoch) == (b"e1-%d" % i, 1)
+            assert (version.value, version.version) == (b"e1-%d" % i, version_of(b, 1))
     # Smaller pages give the same sequence; `after` excludes the given key itself.
-    assert [u for u, _ in scan_all(store, prefix, page=333)] == sorted(ukeys)
+    assert [u for u, _ in scan_all(store, prefix, 333, head(fence))] == sorted(ukeys)
     middle = sorted(ukeys)[1000]
-    rest = store.scan_latest(SID, KG, prefix, middle, 5000)
+    rest = store.scan_latest(SID, KG, prefix, middle, 5000, head(fence))
     assert [u for u, _ in rest] == sorted(ukeys)[1001:]
+    # Snapshot 1 sees epoch 1 only: no tombstone, every first value.
+    assert {u: v.value for u, v in scan_all(store, prefix, 1000, (own_range(b, 1),))} == \
+        {u: b"e1-%d" % i for i, u in enumerate(ukeys)}
 
 
 def test_scan_prefix_of_ff_bytes(store: StateStore) -> None:
-    store.write_epoch(1, [row(b"\xff\xff", b"a"), row(b"\xff\xff\x00", b"b"),
-                          row(b"\xff\xfe", b"c"), row(b"\xff", b"d")])
-    assert [u for u, _ in store.scan_latest(SID, KG, b"\xff\xff", None, 10)] == \
+    fence = branch(store)
+    write(store, fence, 1, [row(b"\xff\xff", b"a"), row(b"\xff\xff\x00", b"b"),
+                            row(b"\xff\xfe", b"c"), row(b"\xff", b"d")])
+    assert [u for u, _ in store.scan_latest(SID, KG, b"\xff\xff", None, 10, head(fence))] == \
         [b"\xff\xff", b"\xff\xff\x00"]
-    assert [u for u, _ in store.scan_latest(SID, KG, b"", None, 10)] == \
+    assert [u for u, _ in store.scan_latest(SID, KG, b"", None, 10, head(fence))] == \
         [b"\xff", b"\xff\xfe", b"\xff\xff", b"\xff\xff\x00"]
 
 
 def test_scan_key_groups_for_eager_restore(store: StateStore) -> None:
-    store.write_epoch(1, [row(b"a%d" % i, b"v", kg=kg) for kg in range(5) for i in range(7)])
-    found = list(store.scan_key_groups([SID], 1, 3, page_rows=3))
+    fence = branch(store)
+    write(store, fence, 1, [row(b"a%d" % i, b"v", kg=kg) for kg in range(5) for i in range(7)])
+
+    def ranges_of(key_group: int) -> Ranges:
+        return () if key_group == 2 else head(fence)  # key group 2 sees nothing
+
+    found = list(store.scan_key_groups([SID], 1, 3, ranges_of, page_rows=3))
     assert sorted((kg, u) for _, kg, u, _ in found) == \
-        sorted((kg, b"a%d" % i) for kg in range(1, 4) for i in range(7))
+        sorted((kg, b"a%d" % i) for kg in (1, 3) for i in range(7))
 
 
-# -- roll-back, commit markers, garbage collection --------------------------------------
+# -- fencing ----------------------------------------------------------------------------
 
-def test_rollback_after(store: StateStore) -> None:
-    for epoch in (1, 2, 3):
-        store.write_epoch(epoch, [row(b"k", b"v%d" % epoch),
-                                  row(b"k", b"o%d" % epoch, kg=KG + 10),
-                                  row(b"k", b"s%d" % epoch, sid=OTHER_SID)])
-    removed = store.rollback_after([SID], KG - 1, KG + 1, 1)
-    assert removed == 2
-    assert latest_value(store, b"k") == b"v1"
-    # Outside the key-group range or the state ids: untouched.
-    assert latest_value(store, b"k", kg=KG + 10) == b"o3"
-    assert latest_value(store, b"k", sid=OTHER_SID) == b"s3"
-    assert store.rollback_after([SID, OTHER_SID], 0, 100, 0) == 7
-    assert store.count_rows() == 0
+def test_a_branch_that_lost_its_claim_is_fenced_and_writes_nothing(store: StateStore) -> None:
+    old = branch(store)
+    b = old.branch
+    write(store, old, 1, [row(b"k", b"v1"), row(b"ttl", b"x", expires=1)])
+    store.insert_snapshot(old, 1, KIND_CHECKPOINT, "job")
+    # A newer attempt claims some of the old attempt's key groups.
+    new = branch(store, kg_start=0, kg_end=63, lineage=lineage_from_tokens(
+        0, 0, 63, [Token(b, 1, 0, KG_END)], {b: fresh_lineage(b, 0, KG_END)}))
+    rows, snapshots, owner = store.count_rows(), store.list_snapshots(OP), \
+        store.read_operator(OP)
+    assert owner is not None and owner.owners == ((0, 63, new.branch), (64, KG_END, b))
 
+    with pytest.raises(FencedError, match="no longer owns key groups 0-127"):
+        # Also a row in key groups the old attempt still owns: the fence is its range.
+        write(store, old, 2, [row(b"k", b"v2"), row(b"j", b"x", kg=100)])
+    with pytest.raises(FencedError):
+        store.insert_snapshot(old, 2, KIND_CHECKPOINT, "job")
+    with pytest.raises(FencedError):
+        store.mark_completed(OP, [(b, 1)], old)
+    with pytest.raises(FencedError):
+        store.advance_committed(old, 1)
+    with pytest.raises(FencedError):
+        store.delete_snapshots(OP, [(b, 1)], old)
+    with pytest.raises(FencedError):
+        store.delete_exact(old, [Deletion(KG, SID, b"k", version_of(b, 1))])
+    with pytest.raises(FencedError):
+        store.delete_range(old, SID, KG, 0, version_of(b, 9), 100)
+    with pytest.raises(FencedError):
+        store.delete_expired(old, [SID], 0, KG_END, head(old), now=1_000)
 
-def test_rollback_removes_every_chunk(store: StateStore) -> None:
-    big = bytes(range(256)) * (CHUNK_BYTES // 256 * 2 + 1)
-    store.write_epoch(1, [row(b"k", b"small")])
-    store.write_epoch(2, [row(b"k", big)])
-    assert latest_value(store, b"k") == big
-    store.rollback_after([SID], KG, KG, 1)
-    assert latest_value(store, b"k") == b"small"
-    assert store.count_rows([SID]) == 1
-
-
-def test_commit_markers(store: StateStore) -> None:
-    assert store.latest_committed_epoch("op") is None
-    assert store.committed_epochs("op") == []
-    store.commit_epoch("op", 2)
-    store.commit_epoch("op", 1)
-    store.commit_epoch("op", 2)  # idempotent
-    store.commit_epoch("op", 5, is_savepoint=True)
-    store.commit_epoch("other", 9)
-    assert store.committed_epochs("op") == [(1, False), (2, False), (5, True)]
-    # A savepoint pin is no completed checkpoint.
-    assert store.latest_committed_epoch("op") == 2
-    store.commit_epoch("op", 5)
-    assert store.committed_epochs("op") == [(1, False), (2, False), (5, False), (5, True)]
-    assert store.latest_committed_epoch("op") == 5
-    assert store.release_savepoint("op", 5) == 1
-    assert store.committed_epochs("op") == [(1, False), (2, False), (5, False)]
-    store.delete_commit_markers("op", after_epoch=1)
-    assert store.committed_epochs("op") == [(1, False)]
-    store.delete_commit_markers("op")
-    assert store.committed_epochs("op") == []
-    assert store.committed_epochs("other") == [(9, False)]
+    assert store.count_rows() == rows
+    assert latest(store, b"k", head(old)) == StoredVersion(version_of(b, 1), False, b"v1",
+                                                           None)
+    assert latest(store, b"j", head(old), kg=100) is None
+    assert store.list_snapshots(OP) == snapshots
+    assert [s.status for s in snapshots] == [PENDING]
+    assert store.read_operator(OP) == owner
+    # The new owner writes; unfenced reads of the old attempt still work.
+    assert write(store, new, 1, [row(b"k", b"n1")]) == 1
+    assert latest_value(store, b"k", store.load_branches([new.branch])[new.branch]
+                        .lineage.head(KG)) == b"n1"
 
 
-def test_committed_view_reads_the_latest_committed_version(store: StateStore) -> None:
-    sid = store.register_state("op", "v", "value", "pickle-5", None)
+@pytest.mark.mysql
+def test_a_claim_between_write_batches_fences_the_remaining_batches(
+        store_factory: Callable[..., StateStore], monkeypatch: pytest.MonkeyPatch) -> None:
+    store = store_factory("mysql")
+    other = store_factory("mysql", namespace=store.namespace)  # the new attempt's connection
+    assert store.commit_each_batch
+    store.write_batch_rows = 7
+    old = branch(store)
+    write(store, old, 1, [row(b"base", b"b")])
+    store.insert_snapshot(old, 1, KIND_CHECKPOINT, "job")
+    lineage = child_of(old, 1)
+    claimed: list[Fence] = []
+    txn = store._txn
+
+    def txn_then_claim(what: str, work: Callable[[], Any], fence: Fence | None = None) -> Any:
+        out = txn(what, work, fence)
+        if what == "write versions" and not claimed:
+            claimed.append(branch(other, lineage=lineage))
+        return out
+
+    monkeypatch.setattr(store, "_txn", txn_then_claim)
+    with pytest.raises(FencedError):
+        write(store, old, 2, [row(b"k%03d" % i, b"zombie") for i in range(30)])
+    # The batch before the claim committed, none after it ...
+    assert store.count_rows() == 1 + 7
+    # ... and what did commit is outside every range the new owner reads.
+    new = claimed[0]
+    sees = other.load_branches([new.branch])[new.branch].lineage.head(KG)
+    assert [(u, v.value) for u, v in scan_all(other, b"", 100, sees)] == [(b"base", b"b")]
+
+
+# -- snapshot rows ----------------------------------------------------------------------
+
+def test_snapshot_rows(store: StateStore) -> None:
+    a = branch(store, kg_start=0, kg_end=63)
+    b = branch(store, kg_start=64, kg_end=KG_END)
+    o = branch(store, operator="other-op")
+    store.insert_snapshot(a, 2, KIND_CHECKPOINT, "job-1")
+    store.insert_snapshot(a, 1, KIND_SAVEPOINT, "job-1")
+    store.insert_snapshot(b, 1, KIND_CHECKPOINT, "job-1")
+    store.insert_snapshot(o, 1, KIND_FINAL, "job-2")
+
+    def listed(operator: str | None = OP) -> list[tuple[Any, ...]]:
+        return [(r.operator, r.branch, r.epoch, r.kind, r.status, r.kg_start, r.kg_end,
+                 r.job_id) for r in store.list_snapshots(operator)]
+
+    assert listed() == [
+        (OP, a.branch, 1, KIND_SAVEPOINT, PENDING, 0, 63, "job-1"),
+        (OP, a.branch, 2, KIND_CHECKPOINT, PENDING, 0, 63, "job-1"),
+        (OP, b.branch, 1, KIND_CHECKPOINT, PENDING, 64, KG_END, "job-1")]
+    assert sorted(listed(None)) == sorted(
+        [*listed(), ("other-op", o.branch, 1, KIND_FINAL, PENDING, 0, KG_END, "job-2")])
+    first = store.list_snapshots(OP)[0]
+    assert first.token == Token(a.branch, 1, 0, 63)
+    assert first.created_ms > 0
+
+    store.mark_completed(OP, [(a.branch, 2), (b.branch, 1)], a)
+    store.mark_completed(OP, [])
+    # Recording a snapshot again changes nothing (idempotent, status kept).
+    store.insert_snapshot(a, 2, KIND_CHECKPOINT, "job-1")
+    assert [(r.branch, r.epoch, r.status) for r in store.list_snapshots(OP)] == [
+        (a.branch, 1, PENDING), (a.branch, 2, COMPLETED), (b.branch, 1, COMPLETED)]
+
+    assert store.delete_snapshots(OP, [(a.branch, 1), (a.branch, 99)]) == 1
+    assert store.delete_snapshots(OP, []) == 0
+    assert [(r.branch, r.epoch) for r in store.list_snapshots(OP)] == \
+        [(a.branch, 2), (b.branch, 1)]
+    assert [r.epoch for r in store.list_snapshots("other-op")] == [1]
+
+
+# -- the owner row: claim and advance_committed -----------------------------------------
+
+def test_claim_and_advance_committed_move_forward_only(store: StateStore) -> None:
+    assert store.read_operator(OP) is None
+    fence = branch(store, claim=False)
+    b = fence.branch
+    assert store.claim(fence, None) == ((), None)
+    owner = store.read_operator(OP)
+    assert owner is not None
+    assert (owner.owners, owner.committed) == (((0, KG_END, b),), None)
+
+    assert store.advance_committed(fence, 1) is None  # no snapshot at 1 yet
+    store.insert_snapshot(fence, 1, KIND_CHECKPOINT, "job")
+    one = Descriptor((Token(b, 1, 0, KG_END),))
+    assert store.advance_committed(fence, 1) == one
+    assert store.advance_committed(fence, 1) is None
+    store.insert_snapshot(fence, 3, KIND_CHECKPOINT, "job")
+    three = Descriptor((Token(b, 3, 0, KG_END),))
+    assert store.advance_committed(fence, 3) == three
+    # A late completion of an older checkpoint does not move readers back.
+    store.insert_snapshot(fence, 2, KIND_CHECKPOINT, "job")
+    assert store.advance_committed(fence, 2) is None
+    owner = store.read_operator(OP)
+    assert owner is not None and owner.committed == three
+    # Claiming again while `committed` is a checkpoint of the running attempts keeps it.
+    assert store.claim(fence, one) == (((0, KG_END, b),), three)
+    assert store.operators() == [store.read_operator(OP)]
+
+
+def test_advance_committed_waits_for_every_owner(store: StateStore) -> None:
+    b1 = branch(store, kg_start=0, kg_end=63)
+    b2 = branch(store, kg_start=64, kg_end=KG_END)
+    store.insert_snapshot(b1, 1, KIND_CHECKPOINT, "job")
+    assert store.advance_committed(b1, 1) is None
+    store.insert_snapshot(b2, 1, KIND_CHECKPOINT, "job")
+    both = Descriptor((Token(b1.branch, 1, 0, 63), Token(b2.branch, 1, 64, KG_END)))
+    assert store.advance_committed(b2, 1) == both
+
+    # A new attempt of the first subtask restores checkpoint 1.
+    c = branch(store, kg_start=0, kg_end=63, claim=False)
+    before, committed = store.claim(c, both)
+    assert before == ((0, 63, b1.branch), (64, KG_END, b2.branch))
+    assert committed == both
+    with pytest.raises(FencedError):
+        store.advance_committed(b1, 2)
+    store.insert_snapshot(c, 2, KIND_CHECKPOINT, "job")
+    assert store.advance_committed(c, 2) is None  # b2 has no snapshot at 2 yet
+    store.insert_snapshot(b2, 2, KIND_CHECKPOINT, "job")
+    assert store.advance_committed(b2, 2) == Descriptor(
+        (Token(c.branch, 2, 0, 63), Token(b2.branch, 2, 64, KG_END)))
+
+
+def test_claim_sets_the_restored_descriptor_or_resets(store: StateStore) -> None:
+    first = branch(store)
+    one = checkpoint(store, first, 1)
+    assert one == Descriptor((Token(first.branch, 1, 0, KG_END),))
+    # A restore from a snapshot: readers see the restored one until a checkpoint completes.
+    write(store, first, 2, [row(b"k", b"v2")])
+    checkpoint(store, first, 2)
+    back = branch(store, lineage=child_of(first, 1), claim=False)
+    assert store.claim(back, one)[1] == one
+    owner = store.read_operator(OP)
+    assert owner is not None and owner.committed == one
+    # Truncate: readers see nothing.
+    truncated = branch(store, claim=False)
+    assert store.claim(truncated, None, reset=True) == (((0, KG_END, back.branch),), None)
+    owner = store.read_operator(OP)
+    assert owner is not None and owner.committed is None
+    assert store.query_committed(OP) == []
+    with pytest.raises(StateCompatibilityError, match="no completed checkpoint"):
+        store.committed_sql(OP)
+
+
+# -- readers ----------------------------------------------------------------------------
+
+def test_committed_view_reads_the_committed_version(store: StateStore) -> None:
+    sid = store.register_state(OP, "v", "value", "pickle-5", None)
+    fence = branch(store)
+    b = fence.branch
     ukey = encode_key("k")
-    store.write_epoch(1, [row(ukey, encode_value(1), sid=sid, value_json="1")])
-    store.write_epoch(2, [row(ukey, encode_value(2), sid=sid, value_json="2")])
-    store.commit_epoch("op", 1)
-    rows = store.query_committed("op", "v")
-    assert [(r["ukey"], r["epoch"], r["vbytes"]) for r in rows] == [(ukey, 1, encode_value(1))]
+    write(store, fence, 1, [row(ukey, encode_value(1), sid=sid, value_json="1")])
+    write(store, fence, 2, [row(ukey, encode_value(2), sid=sid, value_json="2")])
+    assert store.query_committed(OP, "v") == []  # nothing completed yet
+    checkpoint(store, fence, 1)
+    rows = store.query_committed(OP, "v")
+    assert [(r["ukey"], r["version"], r["checkpoint"], r["vbytes"], r["state_name"])
+            for r in rows] == [(ukey, version_of(b, 1), 1, encode_value(1), "v")]
     assert json.loads(rows[0]["vjson"]) == 1
-    store.commit_epoch("op", 2)
-    assert [r["epoch"] for r in store.query_committed("op", "v")] == [2]
+    sql, params = store.committed_sql(OP)
+    assert [(bytes(r[3]), int(r[5])) for r in store._read("test", sql, params)] == \
+        [(ukey, version_of(b, 1))]
+    checkpoint(store, fence, 2)
+    assert [r["version"] for r in store.query_committed(OP, "v")] == [version_of(b, 2)]
+    sql, params = store.committed_sql(OP)
+    assert [int(r[5]) for r in store._read("test", sql, params)] == [version_of(b, 2)]
+    assert store.query_committed(OP, "absent") == []
+    assert store.query_committed("no-such-op") == []
 
 
-def test_delete_versions_and_expired(store: StateStore) -> None:
-    from pyflink_ndb.checkpoint.gc import Deletion
+def test_iter_committed_pages_joins_chunks_and_follows_the_lineage(store: StateStore) -> None:
+    sid_v = store.register_state(OP, "v", "value", "pickle-5", None)
+    sid_m = store.register_state(OP, "m", "map", "pickle-5", None)
+    big = random.Random(3).randbytes(2 * CHUNK_BYTES + 5)
+    parent = branch(store)
+    model: dict[tuple[int, int, bytes], bytes] = {}
+    first = []
+    for kg in range(4):
+        for sid in (sid_v, sid_m):
+            for i in range(9):
+                ukey = b"u%02d" % i
+                first.append(row(ukey, b"p1-%d-%d-%d" % (kg, sid, i), kg=kg, sid=sid))
+                model[(kg, sid, ukey)] = b"p1-%d-%d-%d" % (kg, sid, i)
+    first.append(row(b"big", big, kg=2, sid=sid_v))
+    model[(2, sid_v, b"big")] = big
+    write(store, parent, 1, first)
+    checkpoint(store, parent, 1)
+    # Epoch 2 of the parent is abandoned: the next attempt restores checkpoint 1.
+    write(store, parent, 2, [row(b"u00", b"abandoned", kg=0, sid=sid_v),
+                             row(b"late", b"abandoned", kg=1, sid=sid_m)])
+    store.insert_snapshot(parent, 2, KIND_CHECKPOINT, "job")
+    child = branch(store, lineage=child_of(parent, 1), claim=False)
+    store.claim(child, Descriptor((Token(parent.branch, 1, 0, KG_END),)))
 
-    for epoch in (1, 2, 3, 4):
-        store.write_epoch(epoch, [row(b"k", b"v%d" % epoch)])
-    store.write_epoch(1, [row(b"ttl-old", b"x", expires=1_000),
-                          row(b"ttl-new", b"y", expires=5_000)])
-    assert store.delete_versions([Deletion(KG, SID, b"k", "<", 3),
-                                  Deletion(KG, SID, b"k", "=", 4)]) == 3
-    assert latest_value(store, b"k") == b"v3"
-    assert store.delete_expired([SID], KG, KG, now=2_000) == 1
-    assert store.read_latest(SID, KG, b"ttl-old") is None
-    assert latest_value(store, b"ttl-new") == b"y"
+    def committed(page_rows: int, state_name: str | None = None
+                  ) -> dict[tuple[int, int, bytes], bytes]:
+        out = {}
+        recs = list(store.iter_committed(OP, state_name, page_rows=page_rows))
+        keys = [(r["key_group"], r["state_id"], r["ukey"]) for r in recs]
+        assert keys == sorted(keys), "primary-key order"
+        for r in recs:
+            assert r["operator"] == OP and r["state_name"] == {sid_v: "v", sid_m: "m"}[
+                r["state_id"]]
+            out[(r["key_group"], r["state_id"], r["ukey"])] = r["vbytes"]
+        assert len(out) == len(recs), "each entry once"
+        return out
+
+    assert committed(7) == model  # the restored checkpoint, not the abandoned epoch
+
+    write(store, child, 1, [row(b"u01", None, kg=0, sid=sid_v),
+                            row(b"u02", b"c1", kg=3, sid=sid_m),
+                            row(b"big", big[::-1], kg=2, sid=sid_v),
+                            row(b"new", b"c1-new", kg=1, sid=sid_v)])
+    del model[(0, sid_v, b"u01")]
+    model[(3, sid_m, b"u02")] = b"c1"
+    model[(2, sid_v, b"big")] = big[::-1]
+    model[(1, sid_v, b"new")] = b"c1-new"
+    checkpoint(store, child, 1)
+    for page_rows in (1, 7, 1000):
+        assert committed(page_rows) == model
+    assert committed(5, "m") == {k: v for k, v in model.items() if k[1] == sid_m}
+    assert {(r["key_group"], r["state_id"], r["ukey"]) for r in store.query_committed(OP)} \
+        == set(model)
+    assert {r["checkpoint"] for r in store.query_committed(OP)} == {1}
+    sql, params = store.committed_sql(OP)
+    assert {(int(r[2]), bytes(r[3])) for r in store._read("test", sql, params)} == \
+        {(kg, u) for kg, _, u in model}
+
+
+def test_iter_committed_reads_only_what_is_consumed(store: StateStore,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    sid = store.register_state(OP, "v", "value", "pickle-5", None)
+    fence = branch(store)
+    write(store, fence, 1, [row(b"u%02d" % i, b"v", sid=sid) for i in range(23)])
+    checkpoint(store, fence, 1)
+    pages: list[str] = []
+    read = store._read
+
+    def counting_read(what: str, text: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        if what == "read committed":
+            pages.append(what)
+        return read(what, text, params)
+
+    monkeypatch.setattr(store, "_read", counting_read)
+    assert len(list(itertools.islice(store.iter_committed(OP, page_rows=5), 3))) == 3
+    assert len(pages) == 1
+    pages.clear()
+    assert len(list(store.iter_committed(OP, page_rows=5))) == 23
+    assert len(pages) == 5
+
+
+# -- deletes ----------------------------------------------------------------------------
+
+def test_delete_exact_removes_every_chunk_of_a_version(store: StateStore) -> None:
+    fence = branch(store)
+    b = fence.branch
+    big = bytes(range(256)) * (CHUNK_BYTES // 256 * 2 + 1)  # 3 chunks
+    write(store, fence, 1, [row(b"k", b"small"), row(b"j", b"j1")])
+    write(store, fence, 2, [row(b"k", big)])
+    write(store, fence, 3, [row(b"k", b"three")])
+    assert store.count_rows() == 1 + 1 + 3 + 1
+    store.write_batch_rows = 1  # one statement per version
+    assert store.delete_exact(fence, [Deletion(KG, SID, b"k", version_of(b, 2)),
+                                      Deletion(KG, SID, b"k", version_of(b, 1)),
+                                      Deletion(KG, SID, b"k", version_of(b, 7))]) == 4
+    assert store.count_rows() == 2
+    assert latest(store, b"k", (own_range(b, 2),)) is None
+    assert latest_value(store, b"k", head(fence)) == b"three"
+    assert latest_value(store, b"j", head(fence)) == b"j1"
+    assert store.delete_exact(fence, []) == 0
+
+
+def test_delete_range_is_bounded_and_stays_in_its_state_and_key_group(
+        store: StateStore) -> None:
+    fence = branch(store)
+    b = fence.branch
+    for epoch in (1, 2, 3):
+        write(store, fence, epoch, [row(b"e%02d" % i, b"v%d" % epoch) for i in range(25)]
+              + [row(b"x", b"kg", kg=KG + 1), row(b"x", b"sid", sid=OTHER_SID)])
+    removed = []
+    while True:
+        n = store.delete_range(fence, SID, KG, version_of(b, 2), version_of(b, 3), 10)
+        removed.append(n)
+        if n < 10:
+            break
+    assert removed == [10, 10, 10, 10, 10, 0]
+    assert store.count_rows() == 25 + 3 * 2
+    assert {v.value for _, v in scan_all(store, b"", 100, head(fence))} == {b"v1"}
+    assert latest_value(store, b"x", head(fence), kg=KG + 1) == b"kg"
+    assert latest_value(store, b"x", head(fence), sid=OTHER_SID) == b"sid"
+
+
+def test_delete_expired(store: StateStore) -> None:
+    fence = branch(store)
+    b = fence.branch
+    other = branch(store, operator="other-op")  # another branch's rows in the same key group
+    write(store, fence, 1, [row(b"old", b"x", expires=1_000), row(b"new", b"y", expires=5_000),
+                            row(b"shortened", b"live"), row(b"both", b"1", expires=500),
+                            row(b"elsewhere", b"x", expires=1_000, kg=KG + 10)])
+    # A TTL shortened after the first write: the newer version expired, the older not.
+    write(store, fence, 2, [row(b"shortened", b"short", expires=1_000),
+                            row(b"both", b"2", expires=1_500)])
+    write(store, other, 1, [row(b"old", b"x", expires=1_000)])
+    assert store.delete_expired(fence, [SID], KG, KG, head(fence), now=2_000) == 3
+    assert latest(store, b"old", head(fence)) is None
+    assert latest(store, b"both", head(fence)) is None
+    assert latest_value(store, b"new", head(fence)) == b"y"
+    # The expired newer version stays, else the older value would re-appear.
+    assert latest(store, b"shortened", head(fence)) == StoredVersion(
+        version_of(b, 2), False, b"short", 1_000)
+    assert latest_value(store, b"elsewhere", head(fence), kg=KG + 10) == b"x"
+    assert latest_value(store, b"old", head(other)) == b"x"
+    assert store.delete_expired(fence, [], KG, KG, head(fence), now=2_000) == 0
+
+
+# -- branches ---------------------------------------------------------------------------
+
+def test_allocate_branch_ids_grow(store_kind: str,
+                                  store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory(store_kind)
+    lineage = Lineage(0, 0, 63, ())
+    ids = [store.allocate_branch(op, 0, 63, lineage.to_json(), {"kind": "fresh"}, f"job-{i}",
+                                 i, 0) for i, op in enumerate([OP, OP, "other-op", OP])]
+    assert ids == [1, 2, 3, 4]
+    # Another connection (another TaskManager) continues after the largest id.
+    again = store_factory(store_kind, namespace=store.namespace)
+    assert again.allocate_branch(OP, 64, KG_END, lineage.to_json(), {"kind": "restore"},
+                                 "job-9", 1, 2) == 5
+    assert store.allocate_branch(OP, 0, 63, lineage.to_json(), {"kind": "fresh"}, "j", 0, 0) == 6
+    assert store.branches_of(OP) == [1, 2, 4, 5, 6]
+    assert store.branches_of("other-op") == [3]
+    found = store.load_branches([5, 3, 99])
+    assert sorted(found) == [3, 5]
+    five = found[5]
+    assert (five.operator, json.loads(five.origin), five.job_id, five.subtask, five.attempt) \
+        == (OP, {"kind": "restore"}, "job-9", 1, 2)
+    assert (five.lineage.branch, five.lineage.kg_start, five.lineage.kg_end) == (5, 64, KG_END)
+    assert five.created_ms > 0
+
+
+def test_allocate_branch_retries_an_id_taken_meanwhile(store: StateStore,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    lineage = fresh_lineage(0, 0, KG_END).to_json()
+    first = store.allocate_branch(OP, 0, KG_END, lineage, {"kind": "fresh"}, "job-a", 0, 0)
+    query = store._query
+    stale = []
+
+    def stale_max_once(text: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        if "MAX(branch_id)" in text and not stale:
+            stale.append(text)
+            return [(first - 1,)]  # as if another server had not committed `first` yet
+        return query(text, params)
+
+    monkeypatch.setattr(store, "_query", stale_max_once)
+    second = store.allocate_branch("other-op", 0, KG_END, lineage, {"kind": "fresh"},
+                                   "job-b", 0, 0)
+    assert stale and second == first + 1
+    rows = store.load_branches([first, second])
+    assert (rows[first].operator, rows[first].job_id) == (OP, "job-a")
+    assert (rows[second].operator, rows[second].job_id) == ("other-op", "job-b")
+
+
+# -- format -----------------------------------------------------------------------------
+
+def test_format_1_namespace_is_refused_with_the_migrate_command(
+        store_kind: str, store_factory: Callable[..., StateStore]) -> None:
+    store = store_factory(store_kind)
+    ns = store.namespace
+    store.check_format()  # a format-2 namespace
+    store._execute(f"CREATE TABLE {ns}_epochs (operator VARCHAR(255) NOT NULL, "
+                   "epoch BIGINT NOT NULL, is_savepoint INT NOT NULL)")
+    store._conn.commit()
+    with pytest.raises(StateCompatibilityError) as info:
+        store.check_format()
+    message = str(info.value)
+    assert f"pyflink-ndb migrate --url URL --namespace {ns}" in message
+    assert f"{ns}_epochs" in message
+    # Opening it (as a job or as a reader) is refused the same way.
+    with pytest.raises(StateCompatibilityError, match="pyflink-ndb migrate"):
+        store_factory(store_kind, namespace=ns)
+    with pytest.raises(StateCompatibilityError, match="pyflink-ndb migrate"):
+        store.open(create=False)
 
 
 # -- catalog ----------------------------------------------------------------------------
@@ -301,13 +837,18 @@ def test_value_redeclared_as_map_fails_on_open(store: StateStore, local_dir: str
 # -- large and awkward values -----------------------------------------------------------
 
 def test_chunked_16_mib_value_is_byte_identical(store: StateStore) -> None:
+    sid = store.register_state(OP, "big", "value", "pickle-5", None)
+    fence = branch(store)
     big = random.Random(16).randbytes(16 * 1024 * 1024)
-    store.write_epoch(1, [row(b"big", big), row(b"small", b"s")])
+    write(store, fence, 1, [row(b"big", big, sid=sid), row(b"small", b"s", sid=sid)])
     assert store.count_rows() == 16 * 1024 * 1024 // CHUNK_BYTES + 1
-    assert latest_value(store, b"big") == big
-    scanned = dict(store.scan_latest(SID, KG, b"", None, 10))
+    assert latest_value(store, b"big", head(fence), sid=sid) == big
+    scanned = dict(store.scan_latest(sid, KG, b"", None, 10, head(fence)))
     assert scanned[b"big"].value == big
     assert scanned[b"small"].value == b"s"
+    checkpoint(store, fence, 1)
+    assert {r["ukey"]: r["vbytes"] for r in store.iter_committed(OP)} == \
+        {b"big": big, b"small": b"s"}
 
 
 def _edge_rows(sid: int) -> list[WriteRow]:
@@ -322,12 +863,13 @@ def _edge_rows(sid: int) -> list[WriteRow]:
 
 
 def test_edge_values_round_trip(store: StateStore) -> None:
+    fence = branch(store)
     rows = _edge_rows(SID)
-    store.write_epoch(1, rows)
+    write(store, fence, 1, rows)
     for r in rows:
-        version = store.read_latest(SID, KG, r.ukey)
+        version = latest(store, r.ukey, head(fence))
         assert version is not None and version.value == r.value
-    scanned = dict(store.scan_latest(SID, KG, b"", None, 1000))
+    scanned = dict(store.scan_latest(SID, KG, b"", None, 1000, head(fence)))
     assert {u: v.value for u, v in scanned.items()} == {r.ukey: r.value for r in rows}
 
 
@@ -383,11 +925,12 @@ def test_edge_values_through_mariadb_without_warnings(
     collector = WarningCollector(store, monkeypatch)
 
     sid = store.register_state("raw-op", "raw", "value", "pickle-5", None)
+    fence = branch(store, operator="raw-op")
     rows = _edge_rows(sid)
-    store.write_epoch(1, rows)
-    store.commit_epoch("raw-op", 1)
+    write(store, fence, 1, rows)
+    checkpoint(store, fence, 1)
     for r in rows:
-        version = store.read_latest(sid, KG, r.ukey)
+        version = latest(store, r.ukey, head(fence), sid=sid)
         assert version is not None and version.value == r.value
 
     # The same values as Flink keys, map keys, values and list elements of real states.
@@ -419,8 +962,8 @@ def test_edge_values_through_mariadb_without_warnings(
         assert [(type(e), e) for e in items.get()] == [(type(e), e) for e in EDGE_VALUES]
     t.close()
 
-    # INSERT IGNORE of an existing catalog entry or commit marker is the intended
-    # idempotence (note 1062); any other warning would mean altered data.
+    # INSERT IGNORE of an existing catalog entry, owner row or snapshot row is the
+    # intended idempotence (note 1062); any other warning would mean altered data.
     data_warnings = [w for w in collector.warnings
                      if not (w[0].startswith("INSERT IGNORE") and w[1][1] == 1062)]
     assert data_warnings == []
@@ -429,7 +972,7 @@ def test_edge_values_through_mariadb_without_warnings(
     try:
         with conn.cursor() as cur:
             cur.execute(f"SELECT ukey, vbytes, vjson FROM {store.t_state} WHERE state_id = %s "
-                        "AND epoch = 1", (sid,))
+                        "AND version = %s", (sid, version_of(fence.branch, 1)))
             stored = {bytes(u): (bytes(v), j) for u, v, j in cur.fetchall()}
             cur.execute("SHOW WARNINGS")
             assert cur.fetchall() == ()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pyflink_ndb.config import NdbStateOptions
-from pyflink_ndb.stores.base import WriteRow
+from pyflink_ndb.stores.base import Fence, StateStore, WriteRow
 from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.stores.lineage import Ranges, fresh_lineage, own_range, version_of
 from pyflink_ndb.tiers.cache import WriteBackLRU
 from pyflink_ndb.tiers.local import LocalTier
 from pyflink_ndb.tiers.table import TieredTable
@@ -37,10 +38,24 @@ def test_local_tier_round_trip_prefix_scan_and_empty_on_open(tmp_path):
     reopened.destroy()
 
 
+def stored_branch(store: StateStore, rows: list[WriteRow]) -> Ranges:
+    """Write `rows` as epoch 1 of a new branch; returns what that branch reads."""
+    lineage = fresh_lineage(0, 0, 127).to_json()
+    fence = Fence("op", store.allocate_branch("op", 0, 127, lineage, {"kind": "test"}, "job",
+                                              0, 0), 0, 127)
+    store.claim(fence, None)
+    store.write_versions(fence, version_of(fence.branch, 1), rows)
+    return (own_range(fence.branch),)
+
+
 def test_table_reads_through_tiers_and_tracks_dirty_entries(tmp_path):
     store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/s.sqlite", namespace="t"))
-    store.write_epoch(1, [WriteRow(5, 1, b"stored", False, b"from-db", None, None)])
+    ranges = stored_branch(store, [WriteRow(5, 1, b"stored", False, b"from-db", None, None)])
+    blind = TieredTable(store, 1, None)
+    assert blind.get(1, b"stored", 5).value is None, "a table sees no range until claimed"
+    blind.close()
     table = TieredTable(store, 1, LocalTier(str(tmp_path / "rocks")))
+    table.visibility = lambda key_group: ranges
     assert table.get(1, b"stored", 5).value == b"from-db"
     assert table.store_reads == 1
     table.put(1, b"new", 5, b"v")          # evicts "stored" into RocksDB

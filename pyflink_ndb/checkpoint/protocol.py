@@ -115,6 +115,8 @@ class CheckpointProtocol:
         self.rows_written = 0
         self.cleanup_rows = 0
         self._cleaned: dict[tuple[int, int], Ranges] = {}
+        #: Kind of each snapshot this attempt took, by checkpoint id.
+        self._kinds: dict[int, str] = {}
         self._lineages: dict[int, Lineage] = {}
 
     def set_json_renderer(self, json_of: Callable[[int, bytes], str | None]) -> None:
@@ -292,19 +294,24 @@ class CheckpointProtocol:
         for row in rows:
             self.ledger.record((row.key_group, row.state_id, row.ukey), version, row.tombstone)
         self.table.mark_clean()
+        self._kinds[checkpoint_id] = kind
         return Token(self.branch, checkpoint_id, self.scope.key_group_start,
                      self.scope.key_group_end)
 
     def complete(self, checkpoint_id: int) -> None:
-        """Flink completed checkpoint `checkpoint_id`: mark it, move readers to it,
-        apply retention, collect garbage, clean up a bounded batch.
+        """Flink completed checkpoint `checkpoint_id`: mark it, move readers to it (not
+        for a savepoint), apply retention, collect garbage, clean up a bounded batch.
 
         :raises FencedError: a newer attempt owns these key groups.
         """
         fence = self._require_open()
         self.store.mark_completed(self.scope.operator, [(self.branch, checkpoint_id)], fence)
-        self.latest_completed = max(self.latest_completed, checkpoint_id)
-        self.store.advance_committed(fence, checkpoint_id)
+        kind = self._kinds.get(checkpoint_id)
+        if kind is not None and kind != KIND_SAVEPOINT:
+            # Readers and `resume` follow checkpoints only: Flink never fails over to a
+            # savepoint, so neither does what a fresh start continues from.
+            self.latest_completed = max(self.latest_completed, checkpoint_id)
+            self.store.advance_committed(fence, checkpoint_id)
         self.completed += 1
         self.collect_garbage()
 
@@ -338,10 +345,12 @@ class CheckpointProtocol:
         lineage = [r for r in rows if r.kind != KIND_SAVEPOINT and self._in_lineage(r)]
         lineage.sort(key=lambda r: version_of(r.branch, r.epoch))
         completed = [r for r in lineage if r.status == COMPLETED]
-        if completed:
-            top = version_of(completed[-1].branch, completed[-1].epoch)
-            at_or_below = [r for r in lineage if version_of(r.branch, r.epoch) <= top]
-            dropped = at_or_below[:-retained]
+        if len(completed) > retained:
+            # Everything from the (retained)-th newest completed one on stays: Flink's own
+            # retained checkpoints are among them even when notifications were lost
+            # (a pending one in between may have completed).
+            bound = version_of(completed[-retained].branch, completed[-retained].epoch)
+            dropped = [r for r in lineage if version_of(r.branch, r.epoch) < bound]
             if dropped:
                 self.store.delete_snapshots(s.operator, [(r.branch, r.epoch) for r in dropped],
                                             self.fence)
@@ -388,8 +397,8 @@ class CheckpointProtocol:
             for v in sorted(drop):
                 deletions.append(Deletion(kg, ref[1], ref[2], v))
             self.ledger.forget_versions(ref, drop)
-            if all(v <= keep_above for v in keep):
-                done.append(ref)
+            if len(keep) <= 1 and all(v <= keep_above for v in keep):
+                done.append(ref)  # nothing left that a later retention change could free
         if deletions:
             removed += self.store.delete_exact(fence, deletions)
         self.ledger.pending.difference_update(done)

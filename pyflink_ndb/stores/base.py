@@ -258,7 +258,11 @@ class StateStore(ABC):
         """
         self._conn = self._connect()
         self._closed = False
-        self.check_format()
+        try:
+            self.check_format()
+        except StateCompatibilityError:
+            self.close()
+            raise
         if create:
             def ddl() -> None:
                 for statement in self._ddl():
@@ -847,6 +851,11 @@ class StateStore(ABC):
             return None
         return OperatorRow(operator, owners_from_json(rows[0][0]),
                            Descriptor.from_json(rows[0][1]))
+
+    def latest_committed_checkpoint(self, operator: str) -> int | None:
+        """The checkpoint id that readers of `operator` see, or None before any."""
+        row = self.read_operator(operator)
+        return None if row is None or row.committed is None else row.committed.checkpoint_id
 
     def operators(self) -> list[OperatorRow]:
         return [OperatorRow(op, owners_from_json(o), Descriptor.from_json(c))

@@ -192,6 +192,7 @@ def lineage_from_tokens(branch: int, kg_start: int, kg_end: int, tokens: Sequenc
     expected = kg_start
     for seg in segments:
         if seg.kg_start != expected:
+            expected = -1
             break
         expected = seg.kg_end + 1
     if expected != kg_end + 1:
