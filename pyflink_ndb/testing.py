@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import uuid
-import weakref
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,16 +70,14 @@ class CheckpointStorage:
         return tuple(slot[k] for k in sorted(slot))
 
 
-#: Default storage shared by LocalSubtasks that are not given one, per store object.
-_STORAGES: weakref.WeakKeyDictionary[Any, CheckpointStorage] = weakref.WeakKeyDictionary()
+#: Default storage shared by LocalSubtasks that are not given one, per namespace.
+_STORAGES: dict[tuple[str, str], CheckpointStorage] = {}
 
 
 def checkpoint_storage(store: StateStore) -> CheckpointStorage:
-    """The :class:`CheckpointStorage` that LocalSubtasks on `store` share by default."""
-    found = _STORAGES.get(store)
-    if found is None:
-        found = _STORAGES[store] = CheckpointStorage()
-    return found
+    """The :class:`CheckpointStorage` that LocalSubtasks on `store`'s namespace share by
+    default (also across store objects, as Flink's checkpoints outlive connections)."""
+    return _STORAGES.setdefault((store.describe(), store.namespace), CheckpointStorage())
 
 
 class LocalSubtask:
@@ -113,6 +110,11 @@ class LocalSubtask:
         self.operator = operator
         if restored_tokens is None and restored_checkpoint_id is not None:
             restored_tokens = self.storage.tokens(operator, restored_checkpoint_id)
+            if not restored_tokens:
+                raise ValueError(
+                    f"No snapshot {restored_checkpoint_id} of operator {operator!r} was "
+                    "recorded: take it with LocalSubtask.snapshot/checkpoint, or pass "
+                    "restored_tokens (() for a checkpoint without pyflink-ndb state).")
         oracle = _CrcKeyGroups(max_parallelism)
         info = BindInfo(
             operator=operator, subtask_index=subtask_index, max_parallelism=max_parallelism,

@@ -150,8 +150,9 @@ def fail_after(store: StateStore, calls: int) -> None:
 
 
 def rows_of_epoch(store: StateStore, epoch: int) -> int:
-    return int(store._query(f"SELECT COUNT(*) FROM {store.t_state} WHERE epoch = ?",
-                            (epoch,))[0][0])
+    """Rows whose version carries checkpoint id `epoch` (on any branch)."""
+    return int(store._query(f"SELECT COUNT(*) FROM {store.t_state} WHERE "
+                            "(version & 4294967295) = ?", (epoch,))[0][0])
 
 
 def ttl_value(ttl_ms: int, refresh_on_read: bool = False) -> ValueStateDescriptor:
@@ -196,21 +197,23 @@ def test_crash_mid_snapshot_restores_previous_checkpoint_exactly(store_kind, sto
     fail_after(store, 3)  # 3 batches of epoch 2 committed, then the "connection" dies
     with pytest.raises(CheckpointError, match="Checkpoint 2"):
         job.checkpoint(2)
-    assert rows_of_epoch(store, 2) == 6, "the crash must hit the middle of the epoch"
+    # MySQL/NDB commit each batch: the crash hits the middle of the epoch. SQLite writes an
+    # epoch in one transaction: nothing of it is left.
+    assert rows_of_epoch(store, 2) == (6 if store_kind == "mysql" else 0)
     job.crash()
     store.close()
 
     store = store_factory(store_kind, namespace=ns)
     store.write_batch_rows = 2
     job = Job(store, options, local_dir, restored=1)
-    assert rows_of_epoch(store, 2) == 0, "the half-written epoch is rolled back"
-    assert job.read_all() == at1.view()
+    assert job.read_all() == at1.view(), "the half-written epoch is invisible"
     # Continue from checkpoint 1 (Flink's next checkpoint id is 3), crash again.
     model = at1
     for i, k in enumerate(KEYS[:3]):
         job.write(k, 20 + i)
         model.write(k, 20 + i)
     job.checkpoint(3)
+    assert rows_of_epoch(store, 2) == 0, "the half-written epoch is cleaned up"
     at3 = model.copy()
     job.write(KEYS[0], 99)
     fail_after(store, 1)
@@ -273,7 +276,7 @@ def test_restore_from_checkpoint_whose_notification_was_lost(store_kind, store_f
     job.crash()
     job = Job(store, options, local_dir, restored=2)
     assert job.read_all() == at2.view()
-    assert store.latest_committed_epoch("op") == 2
+    assert store.latest_committed_checkpoint("op") == 2
     job.write(1, 4)
     model = at2
     model.write(1, 4)
@@ -366,7 +369,7 @@ def test_restore_savepoint_after_later_checkpoints_and_gc(store_kind, store_fact
     job.checkpoint(1)
     job.write("a", 2)
     model.write("a", 2)
-    job.t.backend.snapshot(2, is_savepoint=True)  # never completed (Flink >= 1.15)
+    job.t.snapshot(2, is_savepoint=True)  # never completed (Flink >= 1.15)
     at_sp = model.copy()
     for cp in range(3, 7):
         for k in KEYS:
@@ -377,13 +380,6 @@ def test_restore_savepoint_after_later_checkpoints_and_gc(store_kind, store_fact
     assert job.read_all() == at_sp.view()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "KNOWN LIMIT (README, Savepoints; restoring it raises CheckpointError): "
-    "an ordinary failover to checkpoint 1 after an intermediate savepoint 2 deletes "
-    "the savepoint's versions (protocol.restore -> store.rollback_after(epoch > 1) and "
-    "delete_commit_markers(after 1)); a later restore from savepoint 2 finds state 1 or "
-    "nothing. Flink does not use intermediate savepoints for failover, so this happens "
-    "whenever a job fails between a savepoint and the next checkpoint."))
 def test_savepoint_survives_failover_to_earlier_checkpoint(store_kind, store_factory,
                                                            local_dir):
     store = store_factory(store_kind)
@@ -394,7 +390,7 @@ def test_savepoint_survives_failover_to_earlier_checkpoint(store_kind, store_fac
     job.checkpoint(1)
     job.write("a", 2)
     model.write("a", 2)
-    job.t.backend.snapshot(2, is_savepoint=True)
+    job.t.snapshot(2, is_savepoint=True)
     at_sp = model.copy()
     job.crash()
     job = Job(store, options, local_dir, restored=1)  # failover: latest checkpoint
@@ -406,11 +402,6 @@ def test_savepoint_survives_failover_to_earlier_checkpoint(store_kind, store_fac
     assert job.read_all() == at_sp.view()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "KNOWN LIMIT (README, Savepoints; restoring it raises CheckpointError): "
-    "a fresh start after a savepoint but before any completed checkpoint treats the "
-    "savepoint's rows as leftovers and deletes them (protocol.restore: "
-    "latest_committed_epoch ignores savepoint pins, then store.delete_all)."))
 def test_fresh_restart_keeps_state_of_a_pinned_savepoint(store_kind, store_factory,
                                                          local_dir):
     store = store_factory(store_kind)
@@ -418,7 +409,7 @@ def test_fresh_restart_keeps_state_of_a_pinned_savepoint(store_kind, store_facto
     job, model = Job(store, options, local_dir), Model()
     job.write("a", 1)
     model.write("a", 1)
-    job.t.backend.snapshot(1, is_savepoint=True)
+    job.t.snapshot(1, is_savepoint=True)
     job.crash()
     job = Job(store, options, local_dir)  # attempt 1: no checkpoint to restore
     assert job.read_all() == Model().view()
@@ -427,13 +418,6 @@ def test_fresh_restart_keeps_state_of_a_pinned_savepoint(store_kind, store_facto
     assert job.read_all() == model.view()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "KNOWN LIMIT (README, Savepoints; restoring it raises CheckpointError): "
-    "on-fresh-start=resume continues at the latest checkpoint marker and ignores "
-    "savepoint pins above it: protocol.restore rolls back the savepoint's rows "
-    "(rollback_after(committed)) and the resumed run writes its own rows under the "
-    "pinned epoch (epoch_offset = committed), so restoring the savepoint later reads the "
-    "resumed run's data."))
 def test_resume_does_not_destroy_a_later_savepoint(store_kind, store_factory, local_dir):
     store = store_factory(store_kind)
     options = NdbStateOptions(cache_max_entries=1)
@@ -443,7 +427,7 @@ def test_resume_does_not_destroy_a_later_savepoint(store_kind, store_factory, lo
     job.checkpoint(1)
     job.write("a", 2)
     model.write("a", 2)
-    job.t.backend.snapshot(2, is_savepoint=True)  # pinned, never completed
+    job.t.snapshot(2, is_savepoint=True)  # pinned, never completed
     job.crash()
     resume = NdbStateOptions(cache_max_entries=1, on_fresh_start="resume")
     job = Job(store, resume, local_dir)  # a new job resumes epoch 1
@@ -466,6 +450,7 @@ def test_failure_before_first_checkpoint_does_not_trip_fail_policy(store_kind, s
     job.crash()
     job = Job(store, options, local_dir)  # attempt 1, fresh start again
     assert job.read_all() == Model().view()
+    job.checkpoint(2)  # the first completed checkpoint cleans up what attempt 0 left
     assert store.count_rows() == 0
 
 
@@ -478,7 +463,7 @@ def test_fail_policy_message_names_the_fix(store_kind, store_factory, local_dir)
     with pytest.raises(NamespaceInUseError) as err:
         Job(store, NdbStateOptions(), local_dir)
     text = str(err.value)
-    for word in ("on-fresh-start", "resume", "truncate", "latest epoch 1"):
+    for word in ("on-fresh-start", "resume", "truncate", "latest completed checkpoint 1"):
         assert word in text
 
 
@@ -493,18 +478,16 @@ def test_resume_then_restore_checkpoint_of_resumed_run(store_kind, store_factory
     resume = NdbStateOptions(cache_max_entries=1, on_fresh_start="resume")
     # A new job (checkpoint ids restart at 1) resumes epoch 3.
     job = Job(store, resume, local_dir)
-    assert job.t.backend.epoch_offset() == 3
     assert job.read_all() == model.view()
     job.write("a", 11)
     model.write("a", 11)
-    job.checkpoint(1)  # epoch 4
+    job.checkpoint(1)  # checkpoint 1 again, of the resumed run
     at1 = model.copy()
     job.write("a", 12)
-    job.checkpoint(2, complete=False)  # epoch 5, never completed
+    job.checkpoint(2, complete=False)  # never completed
     job.crash()
-    job = Job(store, resume, local_dir, restored=1, offset=3)
+    job = Job(store, resume, local_dir, restored=1)
     assert job.read_all() == at1.view()
-    assert rows_of_epoch(store, 5) == 0
     job.write(1, 13)
     model = at1
     model.write(1, 13)
@@ -513,7 +496,6 @@ def test_resume_then_restore_checkpoint_of_resumed_run(store_kind, store_factory
     job.crash()
     # Failure before the first checkpoint of yet another resumed job.
     job = Job(store, resume, local_dir)
-    assert job.t.backend.epoch_offset() == 5
     job.write("a", 15)
     job.checkpoint(1, complete=False)
     job.crash()
@@ -531,7 +513,7 @@ def test_truncate_then_checkpoint_and_restore(store_kind, store_factory, local_d
     truncate = NdbStateOptions(cache_max_entries=1, on_fresh_start="truncate")
     job, model = Job(store, truncate, local_dir), Model()
     assert job.read_all() == Model().view()
-    assert store.committed_epochs("op") == []
+    assert store.read_operator("op").committed is None
     job.write("a", 7)
     model.write("a", 7)
     job.checkpoint(1)
@@ -600,8 +582,9 @@ def _is_unavailable(err: BaseException) -> bool:
 
 
 @pytest.mark.mysql
-def test_lost_database_connection_fails_clearly_and_loses_nothing(mysql_url, store_factory,
-                                                                  local_dir):
+def test_killed_connection_is_retried_and_loses_nothing(mysql_url, store_factory, local_dir):
+    """P5: a database restart kills the session mid-job; the checkpoint is retried on a
+    fresh connection and nothing is lost or doubled."""
     ns = unique_namespace("r")
     store = store_factory("mysql", namespace=ns)
     options = NdbStateOptions(cache_max_entries=1, local_enabled=False)
@@ -611,33 +594,56 @@ def test_lost_database_connection_fails_clearly_and_loses_nothing(mysql_url, sto
         model.write(k, i)
     job.checkpoint(1)
     job.write("a", 5)
+    model.write("a", 5)
     _kill_connection(mysql_url, store)  # what a database restart does to the session
-    with pytest.raises(Exception) as err:
-        job.checkpoint(2)
-    assert _is_unavailable(err.value), repr(err.value)
-    assert "127.0.0.1:3306" in str(err.value) or "127.0.0.1:3306" in str(err.value.__cause__)
+    job.checkpoint(2)
+    assert store.retries >= 1
+    _kill_connection(mysql_url, store)
+    assert job.read_all() == model.view()  # reads that miss every tier are retried too
     job.crash()
-    store.close()
-    store = store_factory("mysql", namespace=ns)
-    job = Job(store, options, local_dir, restored=1)
+    job = Job(store, options, local_dir, restored=2)
     assert job.read_all() == model.view()
 
 
 @pytest.mark.mysql
-def test_every_call_after_connection_loss_raises_store_unavailable(mysql_url, store_factory,
-                                                                   local_dir):
-    store = store_factory("mysql")
-    job = Job(store, NdbStateOptions(cache_max_entries=1, local_enabled=False), local_dir)
-    job.write("a", 1)
-    job.checkpoint(1)
-    _kill_connection(mysql_url, store)
-    for key in ("b", "c"):  # two reads that miss every tier
-        with pytest.raises(StoreUnavailableError, match="127.0.0.1:3306"):
-            job.read(key)
-    other = store_factory("mysql")
-    other._conn.close()
-    with pytest.raises(StoreUnavailableError):
-        other.latest_committed_epoch("op")
+def test_database_gone_for_longer_than_the_deadline_fails_the_checkpoint_cleanly(
+        mysql_url, store_factory, local_dir):
+    """P5: when retries are spent the checkpoint fails with StoreUnavailableError naming
+    the server, and the last completed checkpoint stays restorable."""
+    from tcp_proxy import TcpProxy
+
+    from pyflink_ndb.stores.mysql import MysqlStateStore, parse_mysql_url
+    from pyflink_ndb.stores.retry import RetryPolicy
+    from pyflink_ndb.testing import checkpoint_storage
+
+    server = parse_mysql_url(mysql_url)
+    ns = unique_namespace("r")
+    options = NdbStateOptions(cache_max_entries=1, local_enabled=False)
+    with TcpProxy(server["host"], server["port"]) as proxy:
+        store = MysqlStateStore(
+            f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}", ns,
+            password=server["password"], connect_timeout_s=1, read_timeout_s=1,
+            write_timeout_s=1, retry=RetryPolicy(max_attempts=4, initial_backoff_ms=10,
+                                                 max_backoff_ms=50, deadline_ms=2_000))
+        store.open()
+        try:
+            storage = checkpoint_storage(store)
+            job, model = Job(store, options, local_dir, storage=storage), Model()
+            job.write("a", 1)
+            model.write("a", 1)
+            job.checkpoint(1)
+            job.write("a", 2)
+            proxy.stop()
+            with pytest.raises(CheckpointError) as err:
+                job.checkpoint(2)
+            assert _is_unavailable(err.value), repr(err.value)
+            assert f"127.0.0.1:{proxy.port}" in str(err.value)
+            job.crash()
+        finally:
+            store.close()
+    again = store_factory("mysql", namespace=ns)
+    job = Job(again, options, local_dir, restored=1, storage=storage)
+    assert job.read_all() == model.view()
 
 
 @pytest.mark.mysql

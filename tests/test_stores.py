@@ -391,7 +391,7 @@ def test_a_branch_that_lost_its_claim_is_fenced_and_writes_nothing(store: StateS
     with pytest.raises(FencedError):
         store.delete_exact(old, [Deletion(KG, SID, b"k", version_of(b, 1))])
     with pytest.raises(FencedError):
-        store.delete_range(old, SID, KG, 0, version_of(b, 9), 100)
+        store.delete_range(old, SID, KG, KG, 0, version_of(b, 9), 100)
     with pytest.raises(FencedError):
         store.delete_expired(old, [SID], 0, KG_END, head(old), now=1_000)
 
@@ -688,7 +688,7 @@ def test_delete_range_is_bounded_and_stays_in_its_state_and_key_group(
               + [row(b"x", b"kg", kg=KG + 1), row(b"x", b"sid", sid=OTHER_SID)])
     removed = []
     while True:
-        n = store.delete_range(fence, SID, KG, version_of(b, 2), version_of(b, 3), 10)
+        n = store.delete_range(fence, SID, KG, KG, version_of(b, 2), version_of(b, 3), 10)
         removed.append(n)
         if n < 10:
             break

@@ -114,7 +114,7 @@ class CheckpointProtocol:
         self.completed = 0
         self.rows_written = 0
         self.cleanup_rows = 0
-        self._cleaned: dict[tuple[int, int], Ranges] = {}
+        self._cleaned: dict[tuple[int, int, int], Ranges] = {}
         #: Kind of each snapshot this attempt took, by checkpoint id.
         self._kinds: dict[int, str] = {}
         self._lineages: dict[int, Lineage] = {}
@@ -410,30 +410,49 @@ class CheckpointProtocol:
         removed += self.clean_up(protected)
         return removed
 
+    def _uniform_intervals(self, protected: Sequence[SnapshotRow]
+                           ) -> list[tuple[int, int, list[Ranges]]]:
+        """This subtask's key groups cut where any view changes: (kg_start, kg_end,
+        views) with the same views for every key group inside."""
+        assert self.lineage is not None
+        s = self.scope
+        lineages = self._load_lineages({r.branch for r in protected})
+        cuts = {s.key_group_start, s.key_group_end + 1}
+        for lin in [self.lineage, *lineages.values()]:
+            for seg in lin.segments:
+                cuts.update((seg.kg_start, seg.kg_end + 1))
+        for r in protected:
+            cuts.update((r.kg_start, r.kg_end + 1))
+        edges = sorted(c for c in cuts if s.key_group_start <= c <= s.key_group_end + 1)
+        return [(a, b - 1, self._views(a, protected))
+                for a, b in zip(edges, edges[1:], strict=False)]
+
     def clean_up(self, protected: Sequence[SnapshotRow],
                  budget: int = CLEANUP_STATEMENTS_PER_CHECKPOINT) -> int:
         """Delete, in at most `budget` bounded statements, rows of this operator's states
         in this subtask's key groups that neither this branch nor any protected snapshot
-        sees (abandoned branches, epochs after a restore point, zombies' writes)."""
+        sees (abandoned branches, epochs after a restore point, zombies' writes). One
+        statement covers one version gap of one state over key groups that share their
+        views; a gap is remembered as clean once a statement deletes less than its limit
+        (fencing keeps new rows out of it)."""
         fence = self._require_open()
-        s = self.scope
         limit = self.store.write_batch_rows * 10
         upper = own_range(self.branch)[1]
-        state_ids = self.store.state_ids(s.operator)
+        state_ids = self.store.state_ids(self.scope.operator)
         removed = 0
-        for kg in range(s.key_group_start, s.key_group_end + 1):
-            gaps = complement([r for view in self._views(kg, protected) for r in view],
-                              0, upper)
+        for kg_start, kg_end, views in self._uniform_intervals(protected):
+            gaps = complement([r for view in views for r in view], 0, upper)
             for sid in state_ids:
-                todo = subtract(gaps, self._cleaned.get((kg, sid), ()))
-                for lo, hi in todo:
+                done = self._cleaned.get((kg_start, kg_end, sid), ())
+                for lo, hi in subtract(gaps, done):
                     if budget <= 0:
+                        self.cleanup_rows += removed
                         return removed
                     budget -= 1
-                    n = self.store.delete_range(fence, sid, kg, lo, hi, limit)
+                    n = self.store.delete_range(fence, sid, kg_start, kg_end, lo, hi, limit)
                     removed += n
                     if n < limit:
-                        self._cleaned[(kg, sid)] = normalize(
-                            self._cleaned.get((kg, sid), ()) + ((lo, hi),))
+                        self._cleaned[(kg_start, kg_end, sid)] = normalize(done + ((lo, hi),))
+                        done = self._cleaned[(kg_start, kg_end, sid)]
         self.cleanup_rows += removed
         return removed

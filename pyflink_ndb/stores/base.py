@@ -704,13 +704,15 @@ class StateStore(ABC):
             total += self._txn("delete versions", delete, fence)
         return total
 
-    def delete_range(self, fence: Fence, state_id: int, key_group: int, lo: int, hi: int,
-                     limit: int) -> int:
-        """Delete at most `limit` rows of one state and key group with `lo <= version <=
-        hi` (background cleanup of abandoned versions), fenced; returns rows deleted."""
+    def delete_range(self, fence: Fence, state_id: int, kg_start: int, kg_end: int, lo: int,
+                     hi: int, limit: int) -> int:
+        """Delete at most `limit` rows of one state in key groups `kg_start..kg_end` with
+        `lo <= version <= hi` (background cleanup of abandoned versions), fenced; returns
+        rows deleted. The `(state_id, version, key_group)` index makes it touch only the
+        rows of that version range."""
         return self._txn("clean up", lambda: self._delete_limited(
-            self.t_state, "key_group = ? AND state_id = ? AND version BETWEEN ? AND ?",
-            (key_group, state_id, lo, hi), limit), fence)
+            self.t_state, "state_id = ? AND version BETWEEN ? AND ? AND key_group BETWEEN ? "
+            "AND ?", (state_id, lo, hi, kg_start, kg_end), limit), fence)
 
     def delete_expired(self, fence: Fence, state_ids: Sequence[int], kg_start: int,
                        kg_end: int, ranges: Ranges, now: int) -> int:

@@ -310,7 +310,7 @@ def mysql_ddl(tables: StateStore, ndb: bool) -> list[str]:
         "tombstone TINYINT NOT NULL, chunks SMALLINT NOT NULL, expires_at_ms BIGINT NULL, "
         "fmt TINYINT NOT NULL, vbytes LONGBLOB NULL, vjson JSON NULL, kjson JSON NULL, "
         "PRIMARY KEY (key_group, state_id, ukey, version, chunk), "
-        "KEY ix_cleanup (key_group, state_id, version), KEY ix_expiry (expires_at_ms)"
+        "KEY ix_cleanup (state_id, version, key_group), KEY ix_expiry (expires_at_ms)"
         f") {engine} DEFAULT CHARSET=utf8mb4{partition}",
         f"CREATE TABLE IF NOT EXISTS {tables.t_branches} ("
         "branch_id BIGINT NOT NULL PRIMARY KEY, operator VARCHAR(255) NOT NULL, "

@@ -81,7 +81,7 @@ class SqliteStateStore(StateStore):
             "vbytes BLOB, vjson TEXT, kjson TEXT, "
             "PRIMARY KEY (key_group, state_id, ukey, version, chunk)) WITHOUT ROWID",
             f"CREATE INDEX IF NOT EXISTS {self.t_state}_cleanup ON {self.t_state} "
-            "(key_group, state_id, version)",
+            "(state_id, version, key_group)",
             f"CREATE INDEX IF NOT EXISTS {self.t_state}_expiry ON {self.t_state} "
             "(expires_at_ms)",
             f"CREATE TABLE IF NOT EXISTS {self.t_branches} ("
