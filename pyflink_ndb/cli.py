@@ -58,7 +58,8 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
         ops = [operator] if operator is not None else [o.operator for o in store.operators()]
         printed = 0
         for op in ops:
-            for row in store.iter_committed(op, state_name):
+            page = min(limit, 1000) if limit else 1000
+            for row in store.iter_committed(op, state_name, page_rows=page):
                 if limit and printed >= limit:
                     break
                 value = decode_value(row["vbytes"]) if row["vjson"] is None else json.loads(

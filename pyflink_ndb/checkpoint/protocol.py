@@ -436,7 +436,7 @@ class CheckpointProtocol:
         views; a gap is remembered as clean once a statement deletes less than its limit
         (fencing keeps new rows out of it)."""
         fence = self._require_open()
-        limit = self.store.write_batch_rows * 10
+        limit = self.store.delete_limit_rows
         upper = own_range(self.branch)[1]
         state_ids = self.store.state_ids(self.scope.operator)
         removed = 0

@@ -48,6 +48,7 @@ from pyflink_ndb.stores.lineage import (
     owners_to_json,
     owns,
 )
+from pyflink_ndb.stores.ndb import max_rows_per_delete
 from pyflink_ndb.stores.retry import RetryPolicy, run_with_retries
 
 T = TypeVar("T")
@@ -195,6 +196,9 @@ class StateStore(ABC):
         self.namespace = namespace
         self.write_batch_rows = write_batch_rows
         self.retry_policy = retry or RetryPolicy()
+        #: Rows one DELETE statement removes at most (NDB operation limits, BLOB parts
+        #: counted: pyflink_ndb.stores.ndb).
+        self.delete_limit_rows = min(write_batch_rows * 10, max_rows_per_delete(CHUNK_BYTES))
         self.retries = 0
         self.t_state = f"{namespace}_state"
         self.t_branches = f"{namespace}_branches"
@@ -689,7 +693,8 @@ class StateStore(ABC):
 
     def delete_exact(self, fence: Fence, deletions: Sequence[Any]) -> int:
         """Delete whole versions: each deletion names (key_group, state_id, ukey, version);
-        batches of `write.batch-size` versions, fenced."""
+        statements of `write.batch-size` versions and at most :attr:`delete_limit_rows`
+        rows (chunks), each its own fenced transaction."""
         total = 0
         for start in range(0, len(deletions), self.write_batch_rows):
             part = deletions[start:start + self.write_batch_rows]
@@ -698,10 +703,13 @@ class StateStore(ABC):
             params: list[Any] = []
             for d in part:
                 params += [d.key_group, d.state_id, d.ukey, d.version]
-            def delete(c: str = clause, p: list[Any] = params) -> int:
-                return max(self._execute(f"DELETE FROM {self.t_state} WHERE {c}", p).rowcount,
-                           0)
-            total += self._txn("delete versions", delete, fence)
+            while True:
+                def delete(c: str = clause, p: list[Any] = params) -> int:
+                    return self._delete_limited(self.t_state, c, p, self.delete_limit_rows)
+                n = self._txn("delete versions", delete, fence)
+                total += n
+                if n < self.delete_limit_rows:
+                    break
         return total
 
     def delete_range(self, fence: Fence, state_id: int, kg_start: int, kg_end: int, lo: int,

@@ -1,0 +1,330 @@
+"""The failures of the issue "Checkpoint history with identity", one test each, on SQLite
+and MariaDB (docs/protocol.md explains why each holds).
+
+Flink's side is played by `LocalSubtask`: a "zombie" is an attempt object that keeps
+running after a newer attempt restored; `restored_checkpoint_id` restores the tokens
+that the snapshot stored, as Flink hands back the union list state.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from pyflink.common.typeinfo import Types
+from pyflink.datastream.state import ValueStateDescriptor
+
+from pyflink_ndb.cli import main as cli
+from pyflink_ndb.config import NdbStateOptions, from_flink_keys
+from pyflink_ndb.errors import CheckpointError, FencedError, NamespaceInUseError
+from pyflink_ndb.runtime.bridge import parse_bind_info
+from pyflink_ndb.serialization.keys import decode_key, split_key
+from pyflink_ndb.stores.base import StateStore
+from pyflink_ndb.testing import LocalSubtask
+
+ANY = Types.PICKLED_BYTE_ARRAY()
+
+
+class Attempt:
+    """One subtask attempt with one ValueState."""
+
+    def __init__(self, store: StateStore, local_dir: str, options: NdbStateOptions | None = None,
+                 **kwargs: Any) -> None:
+        self.t = LocalSubtask(store, options or NdbStateOptions(cache_max_entries=1),
+                              local_dir=local_dir, **kwargs)
+        self.v = self.t.context.get_state(ValueStateDescriptor("v", ANY))
+
+    def put(self, key: Any, value: Any) -> None:
+        self.t.key(key)
+        self.v.update(value)
+
+    def get(self, key: Any) -> Any:
+        self.t.key(key)
+        return self.v.value()
+
+
+def committed(store: StateStore, operator: str = "op") -> dict[Any, Any]:
+    """What a reader (`pyflink-ndb query`) sees: key -> value of the ValueState."""
+    out = {}
+    for rec in store.iter_committed(operator, "v"):
+        prefix, _ = split_key(rec["ukey"])
+        out[decode_key(prefix)] = pickle.loads(rec["vbytes"])
+    return out
+
+
+# -- 1. zombie attempts ----------------------------------------------------------------------
+def test_zombie_writes_after_the_restore_are_fenced_and_invisible(store, local_dir):
+    a = Attempt(store, local_dir)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    b = Attempt(store, local_dir, restored_checkpoint_id=1)  # Flink replaced a; a runs on
+    a.put("k", 2)
+    a.put("zombie-only", 9)
+    with pytest.raises(FencedError, match="no longer owns"):
+        a.t.snapshot(2)
+    assert (b.get("k"), b.get("zombie-only")) == (1, None)
+    assert committed(store) == {"k": 1}
+    b.put("k", 3)
+    b.t.checkpoint(3)
+    assert committed(store) == {"k": 3}
+    c = Attempt(store, local_dir, restored_checkpoint_id=3)
+    assert (c.get("k"), c.get("zombie-only")) == (3, None)
+
+
+def test_late_notification_of_a_zombie_is_fenced_and_collects_nothing(store, local_dir):
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options)
+    a.put("k", 1)
+    a.put("other", 1)
+    a.t.checkpoint(1)
+    a.put("k", 2)
+    a.t.snapshot(2)  # completed by Flink; a's notification is still queued
+    b = Attempt(store, local_dir, options, restored_checkpoint_id=2)
+    rows = store.count_rows()
+    with pytest.raises(FencedError):
+        a.t.backend.notify_checkpoint_complete(2)
+    with pytest.raises(FencedError):
+        a.t.backend.notify_checkpoint_complete(1)
+    assert store.count_rows() == rows
+    assert (b.get("k"), b.get("other")) == (2, 1)
+
+
+def test_lazy_read_takes_the_restored_checkpoint_not_the_newest_row(store, local_dir):
+    a = Attempt(store, local_dir)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    a.put("k", 2)
+    a.t.snapshot(2)  # written, never completed: the newest row of "k" in the table
+    b = Attempt(store, local_dir, restored_checkpoint_id=1)
+    assert b.get("k") == 1
+    assert committed(store) == {"k": 1}
+
+
+# -- 2. stop-with-savepoint, then a retained checkpoint --------------------------------------
+def test_savepoint_completion_does_not_subsume_the_retained_checkpoint(store, local_dir):
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    for _ in range(3):  # savepoints, each notified as stop-with-savepoint notifies
+        a.put("k", a.get("k") + 1)
+        sp = a.t.backend.snapshot(2 + _, True)
+        a.t.storage.record("op", 2 + _, sp)
+        a.t.backend.notify_checkpoint_complete(2 + _)
+    assert store.latest_committed_checkpoint("op") == 1  # readers follow checkpoints
+    b = Attempt(store, local_dir, options, restored_checkpoint_id=1)  # Flink's failover
+    assert b.get("k") == 1
+    c = Attempt(store, local_dir, options, restored_checkpoint_id=4)  # the last savepoint
+    assert c.get("k") == 4
+
+
+# -- 3. a fixed job id ----------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["fail", "resume", "truncate"])
+def test_fresh_start_with_a_fixed_job_id_follows_on_fresh_start(store, local_dir, policy):
+    a = Attempt(store, local_dir, job_id="00000000000000000000000000000000")
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    a.t.crash()
+    options = NdbStateOptions(cache_max_entries=1, on_fresh_start=policy)
+    if policy == "fail":
+        with pytest.raises(NamespaceInUseError):
+            Attempt(store, local_dir, options, job_id="00000000000000000000000000000000")
+        assert Attempt(store, local_dir, restored_checkpoint_id=1).get("k") == 1
+        return
+    b = Attempt(store, local_dir, options, job_id="00000000000000000000000000000000")
+    assert b.get("k") == (1 if policy == "resume" else None)
+    assert committed(store) == ({"k": 1} if policy == "resume" else {})
+    if policy == "truncate":
+        with pytest.raises(CheckpointError, match="no longer be restored"):
+            Attempt(store, local_dir, restored_checkpoint_id=1)
+
+
+# -- 4. retained checkpoints from every layer of configuration ------------------------------
+def test_num_retained_comes_from_flink_1_20_keys_of_every_layer():
+    assert from_flink_keys({"execution.checkpointing.num-retained": "3"}
+                           ).checkpoints_retained == 3
+    assert from_flink_keys({"state.checkpoints.num-retained": "2",
+                            "execution.checkpointing.num-retained": "4"}
+                           ).checkpoints_retained == 4
+    tm_only = ('{"options": {}, "cluster_options": {"execution.checkpointing.num-retained": '
+               '"5"}, "operator_id": "x"}')
+    keys, _ = parse_bind_info(tm_only)
+    assert from_flink_keys(keys).checkpoints_retained == 5
+    job_wins = ('{"options": {}, "cluster_options": {"execution.checkpointing.num-retained": '
+                '"5"}, "job_options": {"execution.checkpointing.num-retained": "7"}, '
+                '"operator_id": "x"}')
+    keys, _ = parse_bind_info(job_wins)
+    assert from_flink_keys(keys).checkpoints_retained == 7
+
+
+def test_the_oldest_retained_checkpoint_stays_restorable(store, local_dir):
+    options = from_flink_keys({"execution.checkpointing.num-retained": "3",
+                               "state.backend.ndb.cache.max-entries": "1"})
+    a = Attempt(store, local_dir, options)
+    for cp in range(1, 7):
+        a.put("k", cp)
+        a.t.checkpoint(cp)
+    assert Attempt(store, local_dir, options, restored_checkpoint_id=4).get("k") == 4
+
+
+# -- 5. savepoints and branches -------------------------------------------------------------
+def test_a_retained_checkpoint_restored_after_an_older_one_keeps_its_own_values(store,
+                                                                                 local_dir):
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=3)
+    run1 = Attempt(store, local_dir, options)
+    for cp in (1, 2, 3):
+        run1.put("k", cp)
+        run1.t.checkpoint(cp)
+    tokens3 = run1.t.storage.tokens("op", 3)
+    tokens1 = run1.t.storage.tokens("op", 1)
+    run2 = Attempt(store, local_dir, options, restored_checkpoint_id=1,
+                   restored_tokens=tokens1)
+    run2.put("k", 20)
+    run2.t.checkpoint(2)  # checkpoint 2 again, of another branch
+    run2.t.checkpoint(3)
+    run3 = Attempt(store, local_dir, options, restored_checkpoint_id=3,
+                   restored_tokens=tokens3)
+    assert run3.get("k") == 3
+    run4 = Attempt(store, local_dir, options, restored_checkpoint_id=3)  # run 2's
+    assert run4.get("k") == 20
+
+
+def test_an_aborted_savepoint_is_released(store, local_dir):
+    a = Attempt(store, local_dir)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    a.put("k", 2)
+    a.t.snapshot(2, is_savepoint=True)
+    a.t.backend.notify_checkpoint_aborted(2)
+    assert [s.epoch for s in store.list_snapshots("op")] == [1]
+    with pytest.raises(CheckpointError, match="no longer be restored"):
+        Attempt(store, local_dir, restored_checkpoint_id=2)
+    a.put("k", 3)
+    a.t.checkpoint(3)
+    a.t.checkpoint(4)
+    assert a.get("k") == 3
+
+
+# -- 6. restore cost --------------------------------------------------------------------------
+def test_restore_reads_and_deletes_no_state_row(store, local_dir):
+    a = Attempt(store, local_dir, NdbStateOptions(cache_max_entries=10_000))
+    for i in range(2_000):
+        a.put(i, i)
+    a.t.checkpoint(1)
+    for i in range(2_000):
+        a.put(i, -i)
+    a.t.snapshot(2)  # never completes: format 1 deleted these rows before the first record
+    rows = store.count_rows()
+    seen: list[str] = []
+    original = store._execute
+
+    def spy(text: str, params: Any = ()) -> Any:
+        seen.append(text)
+        return original(text, params)
+
+    store._execute = spy  # type: ignore[method-assign]
+    try:
+        b = Attempt(store, local_dir, restored_checkpoint_id=1)
+    finally:
+        store._execute = original  # type: ignore[method-assign]
+    touching = [t for t in seen if store.t_state in t]
+    assert touching == [], touching
+    assert store.count_rows() == rows
+    assert (b.get(7), b.get(1999)) == (7, 1999)
+
+
+# -- 7. readers ---------------------------------------------------------------------------
+def test_readers_see_one_checkpoint_while_subtasks_restore(store, local_dir):
+    halves = [(0, 63), (64, 127)]
+    run = [Attempt(store, local_dir, subtask_index=i, key_group_start=a, key_group_end=b)
+           for i, (a, b) in enumerate(halves)]
+    keys = list(range(40))
+
+    def owner(key: Any) -> int:
+        import zlib
+
+        from pyflink_ndb.serialization import encode_key
+        return 0 if zlib.crc32(encode_key(key)) % 128 <= 63 else 1
+
+    for value in (1, 2):
+        for k in keys:
+            run[owner(k)].put(k, value)
+        for t in run:
+            t.t.snapshot(value)
+        for t in run:
+            t.t.backend.notify_checkpoint_complete(value)
+    assert set(committed(store).values()) == {2}
+    # A new job from checkpoint 1: subtask 0 claims first; readers switch at once and whole.
+    Attempt(store, local_dir, restored_checkpoint_id=1, subtask_index=0, key_group_start=0,
+            key_group_end=63)
+    assert committed(store) == dict.fromkeys(keys, 1)
+
+
+def test_query_decodes_values_over_256_kib_and_reads_only_what_it_prints(tmp_path, local_dir):
+    from pyflink_ndb.stores import open_store
+
+    url = f"sqlite:///{tmp_path / 'q.sqlite'}"
+    store = open_store(NdbStateOptions(url=url, namespace="q"))
+    a = Attempt(store, local_dir, NdbStateOptions(cache_max_entries=10_000))
+    big = "x" * (600 * 1024)
+    a.put("big", big)
+    for i in range(3_000):
+        a.put(f"k{i:05d}", i)
+    a.t.checkpoint(1)
+    out = CliRunner().invoke(cli, ["query", "--url", url, "--namespace", "q", "--limit",
+                                   "0"])
+    assert out.exit_code == 0, out.output
+    assert f'"key": "big", "value": "{big}"' in out.output
+    fetched: list[int] = []
+    from pyflink_ndb.stores.base import StateStore as Base
+
+    original = Base._query
+
+    def counting(self: Base, text: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        rows = original(self, text, params)
+        if self.t_state in text:
+            fetched.append(len(rows))
+        return rows
+
+    Base._query = counting  # type: ignore[method-assign]
+    try:
+        out = CliRunner().invoke(cli, ["query", "--url", url, "--namespace", "q",
+                                       "--limit", "5"])
+    finally:
+        Base._query = original  # type: ignore[method-assign]
+    assert out.exit_code == 0, out.output
+    assert len(out.stdout.strip().splitlines()) == 5
+    assert sum(fetched) <= 10, fetched  # a page of 5, and the chunks of a big value
+
+
+# -- P6: bounded garbage ----------------------------------------------------------------------
+def test_row_count_of_a_steady_job_stays_flat_over_100_checkpoints(store, local_dir):
+    options = NdbStateOptions(cache_max_entries=100, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options)
+    counts = []
+    for cp in range(1, 101):
+        for k in range(50):
+            a.put(k, cp)
+        a.t.checkpoint(cp)
+        counts.append(store.count_rows())
+    assert counts[5:] == [counts[5]] * 95
+    assert counts[-1] <= 50 * 3  # retained 1 + 1 for readers + the head
+    assert len(store.list_snapshots("op")) <= 2
+
+
+def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
+    a = Attempt(store, local_dir)
+    for k in range(200):
+        a.put(k, 1)
+    a.t.checkpoint(1)
+    for k in range(200, 400):
+        a.put(k, 2)
+    a.t.snapshot(2)  # never completes
+    b = Attempt(store, local_dir, restored_checkpoint_id=1)
+    assert store.count_rows() == 400
+    b.put("new", 3)
+    b.t.checkpoint(3)
+    assert store.count_rows() == 201
+    assert b.get(300) is None and b.get(100) == 1
