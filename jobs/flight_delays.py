@@ -179,8 +179,7 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
     click.echo(f"records:        {records} flights read ({records / elapsed_s:,.0f} records/s "
                f"wall, job net runtime {net_ms / 1000:.1f} s)")
     click.echo(f"aircraft:       {len(state)} with committed state")
-    click.echo(f"checkpoints:    the last completed is checkpoint {latest} (epoch = checkpoint "
-               "id; older commit markers are pruned)")
+    click.echo(f"checkpoints:    readers see checkpoint {latest}, the latest completed one")
     click.echo(f"state:          {where}, table {namespace}_state, {rows} rows")
     click.echo(f"busiest:        {busiest[0]}: {busiest[1][0]} flights, "
                f"{busiest[1][1]} min total delay, max {busiest[1][2]} min, last to "

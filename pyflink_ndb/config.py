@@ -39,7 +39,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Store URL: `mysql://user@host:port/db` (RonDB's MySQL server, MySQL, MariaDB) "
                "or `sqlite:///path` (embedded; a relative path is resolved on the client)."),
     OptionSpec("namespace", "namespace", "default",
-               "Prefix of the tables `<ns>_state`, `<ns>_epochs`, `<ns>_catalog`: "
+               "Prefix of the tables `<ns>_state`, `<ns>_snapshots`, `<ns>_catalog`, ...: "
                "[a-z][a-z0-9_]{0,39}."),
     OptionSpec("user", "user", None, "Database user; overrides the user of the URL."),
     OptionSpec("password", "password", None, "Database password (never logged)."),
@@ -62,7 +62,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "subtask's key groups into the local tier at open."),
     OptionSpec("on-fresh-start", "on_fresh_start", "fail",
                "A start without a restored checkpoint on a namespace that holds committed "
-               "state: `fail`, `resume` (from the latest committed epoch) or `truncate`."),
+               "state: `fail`, `resume` (from the latest completed checkpoint) or `truncate`."),
     OptionSpec("checkpoints.retained", "checkpoints_retained", None,
                "Completed checkpoints whose versions garbage collection keeps; default: "
                "Flink's `execution.checkpointing.num-retained` (or the deprecated "
