@@ -179,6 +179,10 @@ class CheckpointProtocol:
         self._lineages[self.branch] = self.lineage
         self.fence = Fence(s.operator, self.branch, s.key_group_start, s.key_group_end)
         before, _ = self.store.claim(self.fence, restored, reset=reset)
+        if mine:
+            # The previous owner could still collect until the claim committed: check again
+            # now that nobody else can.
+            self._check_restorable(mine, self.store.list_snapshots(s.operator))
         self.restored = restored
         self.table.visibility = self.lineage.head
         if mine:

@@ -314,7 +314,7 @@ class StateStore(ABC):
 
     def all_tables(self) -> tuple[str, ...]:
         return (self.t_state, self.t_branches, self.t_snapshots, self.t_operators,
-                self.t_catalog, self.t_legacy_epochs)
+                self.t_catalog, self.t_legacy_epochs, f"{self.t_state}_v1")
 
     def drop_tables(self) -> None:
         """Drop the namespace's tables: all its state, history and catalog, for good.
