@@ -185,6 +185,11 @@ class CheckpointProtocol:
             self._check_restorable(mine, self.store.list_snapshots(s.operator))
         self.restored = restored
         self.table.visibility = self.lineage.head
+        if self.table.local is not None:
+            lineage = self.lineage
+            # Nothing inherited there: every version of these key groups is this attempt's
+            # own, and tier 2 holds all of them (docs/protocol.md, "Visibility").
+            self.table.store_has_nothing = lambda kg: not lineage.segment(kg).inherited
         if mine:
             # Flink restores only completed snapshots: mark them, their notification may
             # have been lost.

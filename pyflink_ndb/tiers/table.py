@@ -43,6 +43,10 @@ def _nothing_visible(key_group: int) -> Ranges:
     return ()
 
 
+def _never(key_group: int) -> bool:
+    return False
+
+
 class TieredTable:
     """Entries of one subtask. Not thread-safe; used only from the subtask's task thread.
 
@@ -69,6 +73,11 @@ class TieredTable:
         #: The version ranges the running branch sees in a key group (set by the
         #: checkpoint protocol when it claims the key groups).
         self.visibility: Callable[[int], Ranges] = _nothing_visible
+        #: Key groups whose every stored version this attempt holds in tiers 1-2 (its
+        #: branch inherited nothing there and tier 2 keeps every evicted entry): a miss
+        #: there needs no round trip to the store.
+        self.store_has_nothing: Callable[[int], bool] = _never
+        self.store_reads_saved = 0
         #: Changes with every snapshot: lets a state tell "written in this epoch" apart.
         self.epoch_token = uuid.uuid4().int >> 64
 
@@ -118,6 +127,9 @@ class TieredTable:
         if entry is not None:
             return entry
         entry = self._lower(eid)
+        if entry is None and self.store_has_nothing(key_group):
+            self.store_reads_saved += 1
+            entry = Entry(None, key_group, None)
         if entry is None:
             self.store_reads += 1
             version = self.store.read_latest(state_id, key_group, ukey,
@@ -165,6 +177,8 @@ class TieredTable:
         ranges = self.visibility(key_group)
 
         def remote() -> Iterator[bytes]:
+            if self.store_has_nothing(key_group):
+                return
             after: bytes | None = None
             while True:
                 self.store_reads += 1

@@ -1,0 +1,56 @@
+"""No round trip that the store cannot answer: a branch that inherited nothing in a key
+group (fresh start, truncate) answers misses from tiers 1-2 alone."""
+
+from __future__ import annotations
+
+from pyflink.common.typeinfo import Types
+from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.testing import LocalSubtask
+
+ANY = Types.PICKLED_BYTE_ARRAY()
+
+
+def states(t: LocalSubtask):
+    ctx = t.context
+    return (ctx.get_state(ValueStateDescriptor("v", ANY)),
+            ctx.get_map_state(MapStateDescriptor("m", ANY, ANY)))
+
+
+def test_fresh_branch_never_reads_the_store_and_restored_one_does(store, local_dir):
+    options = NdbStateOptions(cache_max_entries=2)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    v, m = states(t)
+    for i in range(50):
+        t.key(i)
+        assert v.value() is None and list(m.items()) == []
+        v.update(i)
+        m.put("a", i)
+    t.checkpoint(1)
+    for i in range(50):  # evicted from tier 1 long ago: found in tier 2
+        t.key(i)
+        assert (v.value(), dict(m.items())) == (i, {"a": i})
+    assert t.backend.table.store_reads == 0
+    assert t.backend.table.store_reads_saved >= 50
+
+    r = LocalSubtask(store, options, local_dir=local_dir, restored_checkpoint_id=1)
+    v, m = states(r)
+    for i in range(50):
+        r.key(i)
+        assert (v.value(), dict(m.items())) == (i, {"a": i})
+    assert r.backend.table.store_reads >= 50
+
+
+def test_without_tier_2_misses_still_read_the_store(store, local_dir):
+    options = NdbStateOptions(cache_max_entries=1, local_enabled=False)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    v, _ = states(t)
+    for i in range(5):
+        t.key(i)
+        v.update(i)
+    t.checkpoint(1)
+    for i in range(5):  # clean entries evicted without tier 2 are re-read
+        t.key(i)
+        assert v.value() == i
+    assert t.backend.table.store_reads >= 4
