@@ -137,7 +137,7 @@ def test_flink_run_on_cluster_exact_state(cluster: str, mysql_url: str, namespac
     options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace}
     store = open_store(from_flink_keys(options))
     try:
-        assert store.committed_epochs(OPERATOR_UID), "no commit marker in the store"
+        assert store.latest_committed_checkpoint(OPERATOR_UID), "no completed checkpoint"
     finally:
         store.close()
     assert_exact(committed_aircraft(options), pandas_aircraft(flights_csv(LIMIT)))

@@ -381,7 +381,7 @@ def tiered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         store = open_store(NdbStateOptions(url=options["state.backend.ndb.url"],
                                            namespace=options["state.backend.ndb.namespace"]))
         try:
-            committed = {name: (len(store.committed_epochs(uid)),
+            committed = {name: (store.latest_committed_checkpoint(uid) is not None,
                                 len(store.query_committed(uid)),
                                 {(row["state_name"], row["state_kind"], row["ttl_ms"])
                                  for row in store.catalog(uid)})

@@ -328,3 +328,23 @@ def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
     b.t.checkpoint(3)
     assert store.count_rows() == 201
     assert b.get(300) is None and b.get(100) == 1
+
+
+def test_garbage_collection_of_many_entries_at_once(store, local_dir):
+    """Statements naming entries one by one stay within the store's limits (SQLite allows
+    an expression depth of 1000)."""
+    options = NdbStateOptions(cache_max_entries=10_000, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options)
+    for cp in range(1, 5):
+        for k in range(1_200):
+            a.put(k, cp)
+        a.t.checkpoint(cp)
+    assert store.count_rows() == 1_200 * 2
+    b = Attempt(store, local_dir, options, restored_checkpoint_id=4)
+    for k in range(1_200):  # rewrites entries whose older versions b must read first
+        b.put(k, 5)
+    b.t.checkpoint(5)
+    assert store.count_rows() == 1_200 * 2  # versions 4 and 5 (checkpoints 4, 5, the head)
+    b.t.checkpoint(6)
+    assert store.count_rows() == 1_200  # 5, 6 and the head all see version 5
+    assert b.get(7) == 5

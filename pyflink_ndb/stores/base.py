@@ -188,6 +188,8 @@ class StateStore(ABC):
     placeholder = "?"
     #: Commit every write batch (bounded transactions, for NDB) or once per epoch.
     commit_each_batch = True
+    #: Entries per statement that names entries one by one (`OR` of primary keys).
+    max_or_terms = 500
 
     def __init__(self, namespace: str, write_batch_rows: int = 500,
                  retry: RetryPolicy | None = None) -> None:
@@ -596,8 +598,9 @@ class StateStore(ABC):
         """Every stored version (with its tombstone flag) of each entry, ascending; batched
         by `write.batch-size` entries per query."""
         out: dict[tuple[int, int, bytes], list[tuple[int, bool]]] = {r: [] for r in refs}
-        for start in range(0, len(refs), self.write_batch_rows):
-            part = refs[start:start + self.write_batch_rows]
+        step = min(self.write_batch_rows, self.max_or_terms)
+        for start in range(0, len(refs), step):
+            part = refs[start:start + step]
             clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ?)" for _ in part)
             params: list[Any] = []
             for kg, sid, ukey in part:
@@ -696,8 +699,9 @@ class StateStore(ABC):
         statements of `write.batch-size` versions and at most :attr:`delete_limit_rows`
         rows (chunks), each its own fenced transaction."""
         total = 0
-        for start in range(0, len(deletions), self.write_batch_rows):
-            part = deletions[start:start + self.write_batch_rows]
+        step = min(self.write_batch_rows, self.max_or_terms)
+        for start in range(0, len(deletions), step):
+            part = deletions[start:start + step]
             clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND "
                                  "version = ?)" for _ in part)
             params: list[Any] = []

@@ -23,6 +23,9 @@ class SqliteStateStore(StateStore):
     #: One transaction per epoch: SQLite has one writer and no transaction-size limit, and
     #: each commit costs milliseconds.
     commit_each_batch = False
+    #: SQLite limits an expression tree to a depth of 1000: an `OR` of 500 primary keys
+    #: is too deep.
+    max_or_terms = 100
 
     def __init__(self, path: str, namespace: str, write_batch_rows: int = 500) -> None:
         super().__init__(namespace, write_batch_rows)
