@@ -367,7 +367,7 @@ def test_background_cleanup_removes_what_a_restore_abandoned(store: StateStore,
     t.crash()
     assert store.count_rows() == 20
     t = LocalSubtask(store, options, max_parallelism=4, restored_checkpoint_id=1,
-                     local_dir=local_dir)
+                     local_dir=local_dir, attempt=1)  # a task failover
     value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
     assert [s.epoch for s in store.list_snapshots("op")] == [1]  # 2 is no snapshot now
     assert store.count_rows() == 20  # a restore deletes nothing

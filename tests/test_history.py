@@ -314,6 +314,23 @@ def test_row_count_of_a_steady_job_stays_flat_over_100_checkpoints(store, local_
     assert len(store.list_snapshots("op")) <= 2
 
 
+def test_a_new_job_keeps_a_pending_checkpoint_of_the_previous_job_restorable(store,
+                                                                             local_dir):
+    """Flink may have completed checkpoint 2 without telling the task before the job was
+    cancelled: a new job (attempt 0) from checkpoint 1 keeps it restorable."""
+    a = Attempt(store, local_dir)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    a.put("k", 2)
+    old2 = a.t.snapshot(2)
+    b = Attempt(store, local_dir, restored_checkpoint_id=1)
+    b.put("k", 10)
+    b.t.checkpoint(2)  # checkpoint 2 of the new job
+    b.t.checkpoint(3)
+    c = Attempt(store, local_dir, restored_checkpoint_id=2, restored_tokens=(old2,))
+    assert c.get("k") == 2
+
+
 def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
     a = Attempt(store, local_dir)
     for k in range(200):
@@ -322,7 +339,7 @@ def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
     for k in range(200, 400):
         a.put(k, 2)
     a.t.snapshot(2)  # never completes
-    b = Attempt(store, local_dir, restored_checkpoint_id=1)
+    b = Attempt(store, local_dir, restored_checkpoint_id=1, attempt=1)  # a task failover
     assert store.count_rows() == 400
     b.put("new", 3)
     b.t.checkpoint(3)

@@ -158,7 +158,7 @@ def test_restoring_a_released_savepoint_or_an_abandoned_checkpoint_fails_loudly(
     value.update(3)
     job.checkpoint(3, complete=False)  # never completed
     job.crash()
-    LocalSubtask(store, options, restored_checkpoint_id=1,
+    LocalSubtask(store, options, restored_checkpoint_id=1, attempt=1,
                  local_dir=str(tmp_path / "b")).close()
     # Checkpoint 3 never completed and the failover abandoned it: its rows are no state.
     with pytest.raises(CheckpointError, match="can no longer be restored"):

@@ -178,11 +178,9 @@ class CheckpointProtocol:
         self.lineage = build(self.branch)
         self._lineages[self.branch] = self.lineage
         self.fence = Fence(s.operator, self.branch, s.key_group_start, s.key_group_end)
-        before, _ = self.store.claim(self.fence, restored, reset=reset)
-        if mine:
-            # The previous owner could still collect until the claim committed: check again
-            # now that nobody else can.
-            self._check_restorable(mine, self.store.list_snapshots(s.operator))
+        before, _ = self.store.claim(
+            self.fence, restored, reset=reset,
+            check=(lambda rows: self._check_restorable(mine, rows)) if mine else None)
         self.restored = restored
         self.table.visibility = self.lineage.head
         if self.table.local is not None:
@@ -190,11 +188,6 @@ class CheckpointProtocol:
             # Nothing inherited there: every version of these key groups is this attempt's
             # own, and tier 2 holds all of them (docs/protocol.md, "Visibility").
             self.table.store_has_nothing = lambda kg: not lineage.segment(kg).inherited
-        if mine:
-            # Flink restores only completed snapshots: mark them, their notification may
-            # have been lost.
-            self.store.mark_completed(s.operator, [(t.branch, t.epoch) for t in mine],
-                                      self.fence)
         self._forget_abandoned(snapshots, before, reset)
         log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s)",
                  s.operator, s.subtask_index, s.attempt, s.key_group_start, s.key_group_end,
@@ -216,14 +209,20 @@ class CheckpointProtocol:
 
     def _forget_abandoned(self, snapshots: Sequence[SnapshotRow],
                           before: Sequence[tuple[int, int, int]], reset: bool) -> None:
-        """Snapshots this claim makes unrestorable: pending checkpoints of the previous
-        owners of these key groups that the new lineage does not contain (Flink never
-        completed them: it restores the latest completed one), and with truncate every
-        snapshot of the operator."""
+        """Snapshots this claim makes unrestorable: with truncate every snapshot of the
+        operator; after a task failover (attempt >= 1) the pending checkpoints of the
+        previous owners of these key groups that the new lineage does not contain — a
+        failover restores the job's latest completed checkpoint, so Flink never
+        completed them."""
         s = self.scope
         assert self.lineage is not None
         if reset:
             gone = [(r.branch, r.epoch) for r in snapshots]
+        elif s.attempt == 0:
+            # A new job (or a JobManager failover) may have restored an older snapshot:
+            # a pending one of the previous owners may have completed without telling
+            # anybody; it stays restorable, as a side branch, until released.
+            return
         else:
             previous = {br for a, b, br in before
                         if b >= s.key_group_start and a <= s.key_group_end}
@@ -346,25 +345,44 @@ class CheckpointProtocol:
     # -- retention, garbage collection, cleanup -----------------------------------------
     def protected_snapshots(self) -> list[SnapshotRow]:
         """The snapshots whose versions must stay, after applying retention to the
-        lineage (which deletes the snapshot rows that fell out of it)."""
+        lineage (which deletes the snapshot rows that fell out of it).
+
+        Retention runs per key group: the lineage snapshots that cover one key group form
+        one chain (ancestors have lower branch ids), in which everything from the
+        (retained + 1)-th newest completed one on stays — Flink's own retained
+        checkpoints are among them even when notifications were lost, and readers keep
+        one more. A row is dropped when every key group of this subtask that it covers
+        drops it (after a rescale one row can cover several chains' key groups).
+        """
         s = self.scope
+        assert self.lineage is not None
         retained = (self.options.checkpoints_retained or 1) + 1  # +1 for readers (P4)
         rows = [r for r in self.store.list_snapshots(s.operator)
                 if r.kg_end >= s.key_group_start and r.kg_start <= s.key_group_end]
-        lineage = [r for r in rows if r.kind != KIND_SAVEPOINT and self._in_lineage(r)]
-        lineage.sort(key=lambda r: version_of(r.branch, r.epoch))
-        completed = [r for r in lineage if r.status == COMPLETED]
-        if len(completed) > retained:
-            # Everything from the (retained)-th newest completed one on stays: Flink's own
-            # retained checkpoints are among them even when notifications were lost
-            # (a pending one in between may have completed).
-            bound = version_of(completed[-retained].branch, completed[-retained].epoch)
-            dropped = [r for r in lineage if version_of(r.branch, r.epoch) < bound]
-            if dropped:
-                self.store.delete_snapshots(s.operator, [(r.branch, r.epoch) for r in dropped],
-                                            self.fence)
-                gone = {(r.branch, r.epoch) for r in dropped}
-                rows = [r for r in rows if (r.branch, r.epoch) not in gone]
+        candidates = [r for r in rows if r.kind != KIND_SAVEPOINT]
+        cuts = {s.key_group_start, s.key_group_end + 1}
+        for seg in self.lineage.segments:
+            cuts.update((seg.kg_start, seg.kg_end + 1))
+        for r in candidates:
+            cuts.update((r.kg_start, r.kg_end + 1))
+        edges = sorted(c for c in cuts if s.key_group_start <= c <= s.key_group_end + 1)
+        dropped: dict[tuple[int, int], bool] = {}
+        for a in edges[:-1]:
+            head = self.lineage.head(a)
+            chain = sorted((r for r in candidates if r.kg_start <= a <= r.kg_end
+                            and in_ranges(version_of(r.branch, r.epoch), head)),
+                           key=lambda r: version_of(r.branch, r.epoch))
+            completed = [r for r in chain if r.status == COMPLETED]
+            bound = (version_of(completed[-retained].branch, completed[-retained].epoch)
+                     if len(completed) > retained else None)
+            for r in chain:
+                here = bound is not None and version_of(r.branch, r.epoch) < bound
+                key = (r.branch, r.epoch)
+                dropped[key] = dropped.get(key, True) and here
+        gone = {key for key, drop in dropped.items() if drop}
+        if gone:
+            self.store.delete_snapshots(s.operator, sorted(gone), self.fence)
+            rows = [r for r in rows if (r.branch, r.epoch) not in gone]
         return rows
 
     def _views(self, key_group: int, protected: Sequence[SnapshotRow]) -> list[Ranges]:
@@ -454,14 +472,17 @@ class CheckpointProtocol:
             for sid in state_ids:
                 done = self._cleaned.get((kg_start, kg_end, sid), ())
                 for lo, hi in subtract(gaps, done):
-                    if budget <= 0:
-                        self.cleanup_rows += removed
-                        return removed
-                    budget -= 1
-                    n = self.store.delete_range(fence, sid, kg_start, kg_end, lo, hi, limit)
-                    removed += n
-                    if n < limit:
-                        self._cleaned[(kg_start, kg_end, sid)] = normalize(done + ((lo, hi),))
-                        done = self._cleaned[(kg_start, kg_end, sid)]
+                    while True:  # the same gap again while a statement deletes its limit
+                        if budget <= 0:
+                            self.cleanup_rows += removed
+                            return removed
+                        budget -= 1
+                        n = self.store.delete_range(fence, sid, kg_start, kg_end, lo, hi,
+                                                    limit)
+                        removed += n
+                        if n < limit:
+                            break
+                    done = normalize(done + ((lo, hi),))
+                    self._cleaned[(kg_start, kg_end, sid)] = done
         self.cleanup_rows += removed
         return removed

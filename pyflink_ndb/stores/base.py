@@ -830,7 +830,7 @@ class StateStore(ABC):
                               (COMPLETED, operator, branch, epoch))
         self._txn("mark completed", unit, fence)
 
-    def list_snapshots(self, operator: str | None = None) -> list[SnapshotRow]:
+    def _snapshot_rows(self, operator: str | None) -> list[SnapshotRow]:
         sql = (f"SELECT operator, branch_id, epoch, kind, status, kg_start, kg_end, "
                f"created_ms, job_id FROM {self.t_snapshots}")
         params: tuple[Any, ...] = ()
@@ -838,8 +838,12 @@ class StateStore(ABC):
             sql += " WHERE operator = ?"
             params = (operator,)
         return [SnapshotRow(op, int(b), int(e), k, s, int(a), int(z), int(c), j)
-                for op, b, e, k, s, a, z, c, j in self._read(
-                    "list snapshots", sql + " ORDER BY branch_id, epoch", params)]
+                for op, b, e, k, s, a, z, c, j in self._query(
+                    sql + " ORDER BY branch_id, epoch", params)]
+
+    def list_snapshots(self, operator: str | None = None) -> list[SnapshotRow]:
+        """The restorable snapshots (of one operator when given)."""
+        return self._retry("list snapshots", lambda: self._snapshot_rows(operator))
 
     def delete_snapshots(self, operator: str, keys: Sequence[tuple[int, int]],
                          fence: Fence | None = None) -> int:
@@ -892,7 +896,8 @@ class StateStore(ABC):
                        committed.to_json(), 0 if committed is None else
                        committed.checkpoint_id, now_ms(), operator))
 
-    def claim(self, fence: Fence, restored: Descriptor | None, reset: bool = False
+    def claim(self, fence: Fence, restored: Descriptor | None, reset: bool = False,
+              check: Callable[[list[SnapshotRow]], None] | None = None
               ) -> tuple[OwnerMap, Descriptor | None]:
         """Make the fence's branch the owner of its key groups (one transaction on the
         owner row, exclusively locked: in-flight writes of the old owner finish first,
@@ -901,10 +906,21 @@ class StateStore(ABC):
         :param restored: the descriptor of the restored snapshot: becomes what readers see
             unless `committed` is already a snapshot of the attempts running now.
         :param reset: readers see nothing until a checkpoint completes (truncate).
+        :param check: called with the operator's snapshot rows under the lock; an
+            exception rolls the claim back (the restored snapshot must still exist). The
+            restored snapshots are then marked completed in the same transaction (Flink
+            restores only completed ones; their notification may have been lost).
         :returns: (the owners before the claim, committed after it).
         """
         def unit() -> tuple[OwnerMap, Descriptor | None]:
             before, committed = self._lock_operator(fence.operator)
+            if check is not None:
+                check(self._snapshot_rows(fence.operator))
+                if restored is not None:
+                    for t in restored.parts:
+                        self._execute(f"UPDATE {self.t_snapshots} SET status = ? WHERE "
+                                      "operator = ? AND branch_id = ? AND epoch = ?",
+                                      (COMPLETED, fence.operator, t.branch, t.epoch))
             after = claim_owners(before, fence.kg_start, fence.kg_end, fence.branch)
             if reset and not is_current(committed, after):
                 committed = None
