@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -80,31 +81,80 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
         store.close()
 
 
-@main.command("release-savepoint")
-@_url
-@_namespace
-@click.option("--operator", required=True)
-@click.option("--checkpoint", "checkpoint_id", type=int, required=True,
-              help="The savepoint's checkpoint id (in its path: savepoint-<job>-<id>... or "
-                   "in `query`'s listing).")
-def release_savepoint(url: str, namespace: str, operator: str, checkpoint_id: int) -> None:
-    """Release a savepoint so that garbage collection may reclaim what only it needs;
-    restoring it afterwards fails."""
+def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
+             branches: tuple[int, ...], job: str | None) -> None:
     store = _open(url, namespace)
     try:
-        rows = [r for r in store.list_snapshots(operator)
-                if r.kind == "savepoint" and r.epoch == checkpoint_id]
-        if not rows:
-            listed = sorted({r.epoch for r in store.list_snapshots(operator)
-                             if r.kind == "savepoint"})
+        row = store.read_operator(operator)
+        owners = {br for _, _, br in row.owners} if row is not None else set()
+        committed = set() if row is None or row.committed is None else {
+            (t.branch, t.epoch) for t in row.committed.parts}
+        found = [r for r in store.list_snapshots(operator) if r.epoch == checkpoint_id
+                 and (not branches or r.branch in branches) and (job is None or r.job_id == job)]
+        if not found:
+            listed = sorted({r.epoch for r in store.list_snapshots(operator)})
             raise click.ClickException(
-                f"Operator {operator!r} has no savepoint {checkpoint_id}; its savepoints: "
-                f"{listed or 'none'}.")
-        removed = store.delete_snapshots(operator, [(r.branch, r.epoch) for r in rows])
-        click.echo(f"released savepoint {checkpoint_id} of {operator} ({removed} subtask "
-                   "snapshot(s))")
+                f"Operator {operator!r} has no snapshot {checkpoint_id} matching the filters; "
+                f"its snapshots: {listed or 'none'}.")
+        by_job: dict[str, list[int]] = {}
+        for r in found:
+            by_job.setdefault(r.job_id, []).append(r.branch)
+        if len(by_job) > 1 and not branches and job is None:
+            raise click.ClickException(
+                f"Snapshot {checkpoint_id} of {operator!r} exists in several jobs (checkpoint "
+                "ids repeat across jobs started from one snapshot): "
+                + "; ".join(f"job {j}: --branch {' --branch '.join(map(str, bs))}"
+                            for j, bs in sorted(by_job.items()))
+                + ". Name one with --job or --branch.")
+        keep = [r for r in found if (r.branch, r.epoch) in committed
+                or (r.branch in owners and r.kind != "savepoint")]
+        if keep:
+            raise click.ClickException(
+                f"Snapshot {checkpoint_id} of {operator!r} is a retained checkpoint of the "
+                "job that runs now (or what readers see): Flink subsumes it itself. Only "
+                "savepoints and checkpoints of jobs that no longer run can be released.")
+        removed = store.delete_snapshots(operator, [(r.branch, r.epoch) for r in found])
+        kinds = sorted({r.kind for r in found})
+        click.echo(f"released {'/'.join(kinds)} {checkpoint_id} of {operator} ({removed} "
+                   "subtask snapshot(s)); garbage collection reclaims what only it needed")
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
     finally:
         store.close()
+
+
+_release_options = [
+    click.option("--operator", required=True),
+    click.option("--checkpoint", "checkpoint_id", type=int, required=True,
+                 help="The snapshot's checkpoint id (in its path: savepoint-<job>-<...> or "
+                      "chk-<id>)."),
+    click.option("--branch", "branches", type=int, multiple=True,
+                 help="Only the subtask snapshots of these branches (repeatable)."),
+    click.option("--job", default=None, help="Only the snapshot of this Flink job id."),
+]
+
+
+def _with_release_options(f: Any) -> Any:
+    for option in reversed(_release_options):
+        f = option(f)
+    return _namespace(_url(f))
+
+
+@main.command("release")
+@_with_release_options
+def release(url: str, namespace: str, operator: str, checkpoint_id: int,
+            branches: tuple[int, ...], job: str | None) -> None:
+    """Release a savepoint, or a checkpoint of a job that no longer runs, so that garbage
+    collection may reclaim what only it needs; restoring it afterwards fails."""
+    _release(url, namespace, operator, checkpoint_id, branches, job)
+
+
+@main.command("release-savepoint", hidden=True)
+@_with_release_options
+def release_savepoint(url: str, namespace: str, operator: str, checkpoint_id: int,
+                      branches: tuple[int, ...], job: str | None) -> None:
+    """Same as `release`."""
+    _release(url, namespace, operator, checkpoint_id, branches, job)
 
 
 @main.command()

@@ -40,3 +40,8 @@ class FencedError(CheckpointError):
 
     Raised at the superseded attempt's next write, commit or garbage collection; it must
     stop (Flink has replaced it already)."""
+
+
+class StaleReadError(CheckpointError):
+    """A reader of the committed state was overtaken: the checkpoint it read was subsumed
+    (and may be collected) before the read ended. Read again."""

@@ -30,10 +30,11 @@ from pyflink.datastream.state import (
 
 from pyflink_ndb.cli import main as cli
 from pyflink_ndb.config import NdbStateOptions
-from pyflink_ndb.errors import CheckpointError, FencedError
+from pyflink_ndb.errors import CheckpointError, FencedError, StaleReadError
 from pyflink_ndb.serialization import encode_key
 from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.stores import StateStore, open_store
+from pyflink_ndb.stores.lineage import Token
 from pyflink_ndb.testing import LocalSubtask, ManualClock
 
 ANY = Types.PICKLED_BYTE_ARRAY()
@@ -98,6 +99,10 @@ class Job:
     def complete(self, checkpoint_id: int) -> None:
         for t in self.subtasks:
             t.backend.notify_checkpoint_complete(checkpoint_id)
+
+    @property
+    def job_id(self) -> str:
+        return self.subtasks[0].backend.info.job_id
 
     def checkpoint(self, checkpoint_id: int, savepoint: bool = False) -> tuple[str, ...]:
         tokens = self.snapshot(checkpoint_id, savepoint)
@@ -169,9 +174,6 @@ def test_lost_notification_does_not_decide_restorability(store, local_dir):
     assert Job(store, 1, local_dir, options, retained).get("k") == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: iter_committed never re-checks `committed`: a "
-                   "reader paging across two completed checkpoints silently returns a "
-                   "partial state")
 def test_a_slow_reader_is_exact_or_detectably_stale(store, second_store, local_dir):
     options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
     keys = [f"k{i:02d}" for i in range(20)]
@@ -187,7 +189,7 @@ def test_a_slow_reader_is_exact_or_detectably_stale(store, second_store, local_d
         job.checkpoint(c)
     try:
         seen += list(reader)
-    except Exception:  # noqa: BLE001 (any error is a detectable stale read: fine)
+    except StaleReadError:
         return
     values = {decode_key(split_key(r["ukey"])[0]): pickle.loads(r["vbytes"]) for r in seen}
     assert values in ({k: c for k in keys} for c in (1, 2, 3)), values
@@ -242,8 +244,6 @@ def store_url(store: StateStore, request: pytest.FixtureRequest) -> str:
     return url if url.startswith("sqlite") else str(request.getfixturevalue("mysql_url"))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: release-savepoint selects by checkpoint id only: "
-                   "it also releases a sibling job's savepoint that reuses the id")
 def test_releasing_one_jobs_savepoint_keeps_a_sibling_jobs_savepoint(store, local_dir,
                                                                      request):
     options = NdbStateOptions(cache_max_entries=1)
@@ -257,17 +257,17 @@ def test_releasing_one_jobs_savepoint_keeps_a_sibling_jobs_savepoint(store, loca
         job.put("k", value)
         savepoints.append(job.checkpoint(2, savepoint=True))
         job.crash()
-    # The user releases the first job's savepoint 2 (the only handle the CLI offers).
-    out = CliRunner().invoke(cli, ["release-savepoint", "--url", store_url(store, request),
-                                   "--namespace", store.namespace, "--operator", "op",
-                                   "--checkpoint", "2"])
+    # Checkpoint id 2 names two savepoints: the CLI refuses to guess.
+    args = ["release", "--url", store_url(store, request), "--namespace", store.namespace,
+            "--operator", "op", "--checkpoint", "2"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code != 0 and "several jobs" in out.output, out.output
+    first = Token.from_json(savepoints[0][0]).branch
+    out = CliRunner().invoke(cli, [*args, "--branch", str(first)])
     assert out.exit_code == 0, out.output
     assert Job(store, 1, local_dir, options, savepoints[1]).get("k") == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a side branch's completed checkpoints can never "
-                   "be released (release-savepoint refuses checkpoints): rows grow with every "
-                   "new job started from an older snapshot")
 def test_side_branch_checkpoints_can_be_released(store, local_dir, request):
     options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
     keys = [f"k{i}" for i in range(50)]
@@ -286,10 +286,11 @@ def test_side_branch_checkpoints_can_be_released(store, local_dir, request):
         j1.checkpoint(c)
     assert store.count_rows() >= 2 * len(keys)  # J0's checkpoints 2 and 3 are kept
     # J0's retained checkpoints are deleted from Flink's storage: release them.
-    out = CliRunner().invoke(cli, ["release-savepoint", "--url", store_url(store, request),
-                                   "--namespace", store.namespace, "--operator", "op",
-                                   "--checkpoint", "3"])
-    assert out.exit_code == 0, out.output
+    for c in (2, 3):
+        out = CliRunner().invoke(cli, ["release", "--url", store_url(store, request),
+                                       "--namespace", store.namespace, "--operator", "op",
+                                       "--checkpoint", str(c), "--job", j0.job_id])
+        assert out.exit_code == 0, out.output
     for c in range(8, 10):
         j1.put("x", c)
         j1.checkpoint(c)

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from pyflink_ndb.errors import (
     ConfigurationError,
     FencedError,
+    StaleReadError,
     StateCompatibilityError,
     StoreUnavailableError,
     ValueTooLargeError,
@@ -1014,7 +1015,11 @@ class StateStore(ABC):
                        page_rows: int = 1000) -> Iterator[dict[str, Any]]:
         """The committed entries of `operator` (of one state when given), paged in
         primary-key order, values joined from all their chunks. Only what is consumed is
-        read."""
+        read. After each page the checkpoint being read is checked to be still retained
+        (docs/protocol.md, P4).
+
+        :raises StaleReadError: garbage collection overtook the read.
+        """
         row = self.read_operator(operator)
         if row is None or row.committed is None:
             return
@@ -1045,25 +1050,56 @@ class StateStore(ABC):
                     "s.key_group AND t.state_id = s.state_id AND t.ukey = s.ukey AND "
                     f"t.chunk = 0 AND {tvis}) ORDER BY s.key_group, s.state_id, s.ukey "
                     "LIMIT ?", [a, b, *states, *sp, *cursor_params, *tp, page_rows])
+                page = []
                 for r in rows:
                     rec = dict(zip(cols, r, strict=True))
                     rec["ukey"] = bytes(rec["ukey"])
                     rec["operator"] = operator
                     rec["state_name"] = states[int(rec["state_id"])]
                     rec["checkpoint"] = part.epoch
+
                     def join(rec: dict[str, Any] = rec) -> bytes | None:
                         return self._join_chunks(int(rec["key_group"]), int(rec["state_id"]),
                                                  rec["ukey"], int(rec["version"]),
                                                  rec["vbytes"], int(rec["chunks"]))
                     rec["vbytes"] = self._retry("read chunks", join)
-                    yield rec
+                    page.append(rec)
+                # Read in full, then checked: what is yielded belongs to the checkpoint.
+                self._check_still_restorable(operator, row.committed)
+                yield from page
                 if len(rows) < page_rows:
                     break
                 last = rows[-1]
                 after = (int(last[0]), int(last[1]), bytes(last[2]))
 
-    def query_committed(self, operator: str | None = None,
-                        state_name: str | None = None) -> list[dict[str, Any]]:
-        """Every committed entry (of all operators, or one; of one state when given)."""
+    def _check_still_restorable(self, operator: str, descriptor: Descriptor) -> None:
+        """:raises StaleReadError: a snapshot of `descriptor` was subsumed meanwhile, so
+        garbage collection may have removed versions the read still needs."""
+        have = {(r.branch, r.epoch) for r in self.list_snapshots(operator)}
+        missing = [t for t in descriptor.parts if (t.branch, t.epoch) not in have]
+        if missing:
+            raise StaleReadError(
+                f"Checkpoint {descriptor.checkpoint_id} of operator {operator!r} was "
+                "subsumed while it was being read (the job completed newer checkpoints and "
+                "collected its versions): the entries read so far are exact, the read is "
+                "incomplete. Read again, read less at a time (--limit), or raise "
+                "state.backend.ndb.checkpoints.retained.")
+
+    def query_committed(self, operator: str | None = None, state_name: str | None = None,
+                        attempts: int = 3) -> list[dict[str, Any]]:
+        """Every committed entry (of all operators, or one; of one state when given); a
+        read overtaken by garbage collection is started again, at most `attempts` times.
+
+        :raises StaleReadError: every attempt was overtaken.
+        """
         ops = [operator] if operator is not None else [o.operator for o in self.operators()]
-        return [rec for op in ops for rec in self.iter_committed(op, state_name)]
+        out: list[dict[str, Any]] = []
+        for op in ops:
+            for attempt in range(attempts):
+                try:
+                    out.extend(list(self.iter_committed(op, state_name)))
+                    break
+                except StaleReadError:
+                    if attempt == attempts - 1:
+                        raise
+        return out
