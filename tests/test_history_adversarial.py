@@ -195,9 +195,6 @@ def test_a_slow_reader_is_exact_or_detectably_stale(store, second_store, local_d
     assert values in ({k: c for k in keys} for c in (1, 2, 3)), values
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: versions superseded inside an inherited range "
-                   "are never collected unless the new attempt rewrites the entry (crash "
-                   "after lost notifications)")
 def test_superseded_versions_of_cold_entries_are_collected_after_a_crash(store, local_dir):
     options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
     a = Job(store, 1, local_dir, options)

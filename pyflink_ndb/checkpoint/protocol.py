@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 FINAL_EPOCH = 1
 #: Background cleanup statements per completed checkpoint.
 CLEANUP_STATEMENTS_PER_CHECKPOINT = 64
+#: Rows of the parent attempt's versions adopted for garbage collection per checkpoint.
+ADOPT_ROWS_PER_CHECKPOINT = 5_000
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,10 @@ class CheckpointProtocol:
         self._cleaned: dict[tuple[int, int, int], Ranges] = {}
         #: Kind of each snapshot this attempt took, by checkpoint id.
         self._kinds: dict[int, str] = {}
+        #: Version ranges of the parent attempt whose entries garbage collection has yet
+        #: to look at: (kg_start, kg_end, lo, hi) -> per state id the scan cursor.
+        self._adopt: dict[tuple[int, int, int, int], dict[int, tuple[int, int, bytes] | None]] = {}
+        self._adopted_done: set[tuple[int, int, int, int, int]] = set()
         self._lineages: dict[int, Lineage] = {}
 
     def set_json_renderer(self, json_of: Callable[[int, bytes], str | None]) -> None:
@@ -183,6 +189,13 @@ class CheckpointProtocol:
             check=(lambda rows: self._check_restorable(mine, rows)) if mine else None)
         self.restored = restored
         self.table.visibility = self.lineage.head
+        for seg in self.lineage.segments:
+            if seg.inherited:
+                # The parent's own versions there: it may have died before collecting
+                # them (lost notifications, entries kept for retention). Adopted in the
+                # background (collect_garbage); older ancestors' were the parent's job.
+                lo, hi = seg.inherited[-1]
+                self._adopt[(seg.kg_start, seg.kg_end, lo, hi)] = {}
         if self.table.local is not None:
             lineage = self.lineage
             # Nothing inherited there: every version of these key groups is this attempt's
@@ -402,6 +415,7 @@ class CheckpointProtocol:
         protected = self.protected_snapshots()
         keep_above = version_of(self.branch, self.latest_completed)
         removed = 0
+        self._adopt_some(ADOPT_ROWS_PER_CHECKPOINT)
         pending = sorted(self.ledger.pending)
         unknown = [ref for ref in pending
                    if (e := self.ledger.get(ref)) is None or not e.complete]
@@ -436,6 +450,34 @@ class CheckpointProtocol:
                     self.lineage.head(seg.kg_start), self.clock_ms())
         removed += self.clean_up(protected)
         return removed
+
+    def _adopt_some(self, budget: int) -> int:
+        """Put up to `budget` entries that the parent attempt wrote into the ledger's
+        pending set (unknown versions: collect_garbage reads them), so that versions it
+        left behind are collected even when nobody writes those entries again."""
+        if not self._adopt:
+            return 0
+        adopted = 0
+        state_ids = self.store.state_ids(self.scope.operator)
+        limit = min(self.store.write_batch_rows * 2, budget)
+        for (a, b, lo, hi), cursors in list(self._adopt.items()):
+            for sid in state_ids:
+                if (a, b, lo, hi, sid) in self._adopted_done:
+                    continue
+                while adopted < budget:
+                    rows = self.store.scan_entries(sid, a, b, lo, hi, cursors.get(sid), limit)
+                    for _, kg, ukey in rows:
+                        self.ledger.pending.add((kg, sid, ukey))
+                    adopted += len(rows)
+                    if len(rows) < limit:
+                        self._adopted_done.add((a, b, lo, hi, sid))
+                        break
+                    cursors[sid] = rows[-1]
+                if adopted >= budget:
+                    return adopted
+            if all((a, b, lo, hi, sid) in self._adopted_done for sid in state_ids):
+                del self._adopt[(a, b, lo, hi)]
+        return adopted
 
     def _uniform_intervals(self, protected: Sequence[SnapshotRow]
                            ) -> list[tuple[int, int, list[Ranges]]]:

@@ -613,6 +613,25 @@ class StateStore(ABC):
                 out[(int(kg), int(sid), bytes(ukey))].append((int(version), bool(tomb)))
         return out
 
+    def scan_entries(self, state_id: int, kg_start: int, kg_end: int, lo: int, hi: int,
+                     after: tuple[int, int, bytes] | None, limit: int
+                     ) -> list[tuple[int, int, bytes]]:
+        """(version, key_group, ukey) of at most `limit` rows of one state in key groups
+        `kg_start..kg_end` with `lo <= version <= hi`, in that order, strictly after
+        `after`: the entries an earlier attempt wrote (for garbage collection), through the
+        `(state_id, version, key_group)` index."""
+        where = ("state_id = ? AND chunk = 0 AND version BETWEEN ? AND ? AND key_group "
+                 "BETWEEN ? AND ?")
+        params: list[Any] = [state_id, lo, hi, kg_start, kg_end]
+        if after is not None:
+            where += (" AND (version > ? OR (version = ? AND (key_group > ? OR (key_group = ? "
+                      "AND ukey > ?))))")
+            params += [after[0], after[0], after[1], after[1], after[2]]
+        rows = self._read("scan entries", f"SELECT version, key_group, ukey FROM {self.t_state} "
+                          f"WHERE {where} ORDER BY version, key_group, ukey LIMIT ?",
+                          [*params, limit])
+        return [(int(v), int(kg), bytes(u)) for v, kg, u in rows]
+
     # -- writes ---------------------------------------------------------------------------
     def _row_params(self, version: int, row: WriteRow) -> Iterable[tuple[Any, ...]]:
         if row.tombstone or row.value is None:
