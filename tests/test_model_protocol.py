@@ -120,18 +120,49 @@ class Snap:
     aborted: bool = False
 
 
+class Operator:
+    """One run of the operator at some parallelism: records go to the subtask that owns
+    their key's key group, as Flink routes them."""
+
+    def __init__(self, store: StateStore, options: NdbStateOptions, parallelism: int,
+                 local_dir: str, snap: Snap | None, job: int, attempt: int) -> None:
+        self.ranges = key_group_ranges(parallelism)
+        self.subtasks = [
+            LocalSubtask(store, options, subtask_index=i, key_group_start=start,
+                         key_group_end=end, restored_checkpoint_id=None if snap is None
+                         else snap.checkpoint_id, restored_tokens=None if snap is None
+                         else snap.tokens, local_dir=local_dir, job_id=f"job-{job}",
+                         attempt=attempt)
+            for i, (start, end) in enumerate(self.ranges)]
+        self.states = [declare(t) for t in self.subtasks]
+
+    def route(self, key: Any) -> tuple[LocalSubtask, dict[str, Any]]:
+        kg = key_group_of(key)
+        i = next(i for i, (start, end) in enumerate(self.ranges) if start <= kg <= end)
+        return self.subtasks[i], self.states[i]
+
+    def close(self) -> None:
+        for t in self.subtasks:
+            t.close()
+
+    def crash(self) -> None:
+        for t in self.subtasks:
+            t.crash()
+
+
 class ProtocolMachine(RuleBasedStateMachine):
-    """One subtask across attempts and jobs, with zombies; the class attributes choose the
-    store.
+    """One operator across attempts, jobs and parallelisms, with zombies; the class
+    attributes choose the store.
 
     Flink's side is modelled: checkpoint ids count per job (a job started from a snapshot
     continues at its id + 1, so two jobs reuse ids); the JobManager may complete a
-    checkpoint without the task hearing of it (lost notification) and notifications may
-    arrive late; a failover restores the job's latest completed checkpoint (never a
-    savepoint; before the job's first checkpoint, the snapshot the job started from); a
-    new job may start from any snapshot ever taken. A replaced attempt keeps running as a
-    zombie: it writes, snapshots and receives late notifications, which must all fail
-    with FencedError and change nothing anybody else sees.
+    checkpoint without some subtasks hearing of it (lost notifications) and notifications
+    may arrive late; a failover restores the job's latest completed checkpoint at the same
+    parallelism (never a savepoint; before the job's first checkpoint, the snapshot the
+    job started from); a new job may start from any completed snapshot ever taken, at any
+    parallelism (rescale). A replaced run keeps running as zombies: they write, snapshot
+    and receive late notifications, which must all fail with FencedError and change
+    nothing anybody else sees.
     """
 
     STORE_KIND: ClassVar[str] = "sqlite"
@@ -150,23 +181,16 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.model = empty_model()
         self.snaps: list[Snap] = []
         self.job = 0
+        self.attempt = 0
         self.job_start: Snap | None = None
         self.next_checkpoint = 1
-        self.zombies: list[tuple[LocalSubtask, dict[str, Any]]] = []
-        self._start(None)
-
-    def _start(self, snap: Snap | None) -> None:
-        tokens = snap.tokens if snap is not None else None
-        self.subtask = LocalSubtask(
-            self.store, self.options, restored_checkpoint_id=None if snap is None else
-            snap.checkpoint_id, restored_tokens=tokens, local_dir=self.tmp,
-            job_id=f"job-{self.job}")
-        self.states = declare(self.subtask)
+        self.zombies: list[Operator] = []
+        self.op = Operator(self.store, self.options, 1, self.tmp, None, 0, 0)
 
     def teardown(self) -> None:
         try:
-            self.subtask.close()
-            for z, _ in self.zombies:
+            self.op.close()
+            for z in self.zombies:
                 z.close()
             self.store.close()
             if self.STORE_KIND == "mysql":
@@ -176,8 +200,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # -- reading --------------------------------------------------------------------------
     def actual(self, key: Any) -> dict[str, Any]:
-        self.subtask.key(key)
-        s = self.states
+        t, s = self.op.route(key)
+        t.key(key)
         items = list(s["map"].items())
         listed_keys = list(s["map"].keys())
         assert len(listed_keys) == len(set(listed_keys)) == len(items), items
@@ -202,7 +226,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(ops=st.lists(operations, min_size=1, max_size=4))
     def operate(self, ops: list[tuple[Any, ...]]) -> None:
         for op in ops:
-            apply(self.subtask, self.states, self.model, *op)
+            t, states = self.op.route(op[1])
+            apply(t, states, self.model, *op)
 
     @rule(key=keys)
     def read_one_key(self, key: Any) -> None:
@@ -212,18 +237,23 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _own(self) -> list[Snap]:
         return [s for s in self.snaps if s.job == self.job]
 
-    @rule(savepoint=st.booleans(), completed=st.booleans(), notify=st.booleans())
-    def snapshot(self, savepoint: bool, completed: bool, notify: bool) -> None:
+    def _notify(self, checkpoint_id: int, mask: int) -> None:
+        """Deliver the completion to the subtasks whose bit is set in `mask`."""
+        for i, t in enumerate(self.op.subtasks):
+            if mask >> i & 1:
+                t.backend.notify_checkpoint_complete(checkpoint_id)
+
+    @rule(savepoint=st.booleans(), completed=st.booleans(), mask=st.integers(0, 7))
+    def snapshot(self, savepoint: bool, completed: bool, mask: int) -> None:
         checkpoint_id = self.next_checkpoint
         self.next_checkpoint += 1
-        token = self.subtask.backend.snapshot(checkpoint_id, savepoint)
-        snap = Snap(len(self.snaps), checkpoint_id, self.job, (token,),
+        tokens = tuple(t.backend.snapshot(checkpoint_id, savepoint) for t in self.op.subtasks)
+        snap = Snap(len(self.snaps), checkpoint_id, self.job, tokens,
                     copy.deepcopy(self.model), savepoint)
         self.snaps.append(snap)
         if completed:
             snap.completed = True
-            if notify:
-                self.subtask.backend.notify_checkpoint_complete(checkpoint_id)
+            self._notify(checkpoint_id, mask)
 
     @rule(rounds=st.lists(st.lists(operations, min_size=1, max_size=3), min_size=2, max_size=4))
     def completed_rounds(self, rounds: list[list[tuple[Any, ...]]]) -> None:
@@ -231,51 +261,55 @@ class ProtocolMachine(RuleBasedStateMachine):
         attempts whose older versions garbage collection must handle."""
         for ops in rounds:
             self.operate(ops)
-            self.snapshot(False, True, True)
+            self.snapshot(False, True, 7)
 
     @precondition(lambda self: any(s.completed for s in self._own()))
-    @rule(data=st.data())
-    def notify_late(self, data: st.DataObject) -> None:
-        """A completion notification that arrives after later snapshots were taken."""
+    @rule(data=st.data(), mask=st.integers(1, 7))
+    def notify_late(self, data: st.DataObject, mask: int) -> None:
+        """Completion notifications that arrive after later snapshots were taken."""
         snap = data.draw(st.sampled_from([s for s in self._own() if s.completed]))
-        self.subtask.backend.notify_checkpoint_complete(snap.checkpoint_id)
+        self._notify(snap.checkpoint_id, mask)
 
     @precondition(lambda self: any(not s.completed for s in self._own()))
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
         snap = data.draw(st.sampled_from([s for s in self._own() if not s.completed]))
-        self.subtask.backend.notify_checkpoint_aborted(snap.checkpoint_id)
+        for t in self.op.subtasks:
+            t.backend.notify_checkpoint_aborted(snap.checkpoint_id)
         snap.aborted = True
 
     # -- failures -------------------------------------------------------------------------
     def _count(self, what: str) -> None:
         STATS[what] += 1
 
-    def _replace(self, snap: Snap | None, zombie: bool) -> None:
-        old = (self.subtask, self.states)
+    def _replace(self, snap: Snap | None, zombie: bool, parallelism: int) -> None:
         if zombie:
-            self.zombies = (self.zombies + [old])[-2:]
+            self.zombies = (self.zombies + [self.op])[-2:]
         else:
-            self.subtask.crash()
+            self.op.crash()
         self.model = empty_model() if snap is None else copy.deepcopy(snap.model)
-        self._start(snap)
-        self.check_all(f"after restoring {snap}")
+        self.op = Operator(self.store, self.options, parallelism, self.tmp, snap, self.job,
+                           self.attempt)
+        self.check_all(f"after restoring {snap} at parallelism {parallelism}")
 
     @rule(zombie=st.booleans())
     def failover(self, zombie: bool) -> None:
-        """Flink restores the job's latest completed checkpoint (a savepoint never)."""
+        """Flink restores the job's latest completed checkpoint (a savepoint never), at the
+        same parallelism, as the next attempt of every subtask."""
         done = [s for s in self._own() if s.completed and not s.savepoint]
         snap = max(done, key=lambda s: s.checkpoint_id) if done else self.job_start
         event("failover to " + ("the job's start" if not done else "its latest checkpoint"))
         self._count("failover")
-        self._replace(snap, zombie)
+        self.attempt += 1
+        self._replace(snap, zombie, len(self.op.subtasks))
 
     @precondition(lambda self: any(s.completed for s in self.snaps))
-    @rule(data=st.data(), zombie=st.booleans())
-    def new_job_from(self, data: st.DataObject, zombie: bool) -> None:
+    @rule(data=st.data(), zombie=st.booleans(), parallelism=st.integers(1, 3))
+    def new_job_from(self, data: st.DataObject, zombie: bool, parallelism: int) -> None:
         """A new job (same job id or not) from any completed snapshot ever taken (Flink
-        writes no metadata for others). The promised ones must restore exactly; any other
-        must restore exactly or fail with CheckpointError, never return other values."""
+        writes no metadata for others), at any parallelism. The promised ones must
+        restore exactly; any other must restore exactly or fail with CheckpointError,
+        never return other values."""
         snap = data.draw(st.sampled_from([s for s in self.snaps if s.completed]),
                          label="restore")
         own_done = sorted((s for s in self._own() if s.completed and not s.savepoint),
@@ -294,25 +328,30 @@ class ProtocolMachine(RuleBasedStateMachine):
             return
         event("new job from " + ("a savepoint" if snap.savepoint else "a checkpoint"))
         self._count("new job from a savepoint" if snap.savepoint else "new job from a checkpoint")
+        if parallelism != len(self.op.subtasks):
+            self._count("rescale")
         probe.close()
         self.job += 1
+        self.attempt = 0
         self.job_start = snap
         self.next_checkpoint = snap.checkpoint_id + 1
-        self._replace(snap, zombie)
+        self._replace(snap, zombie, parallelism)
 
     @precondition(lambda self: self.zombies)
     @rule(ops=st.lists(operations, min_size=1, max_size=3), data=st.data())
     def zombie_acts(self, ops: list[tuple[Any, ...]], data: st.DataObject) -> None:
-        """A replaced attempt keeps working: its writes stay in its own tiers, its
-        snapshot and late notifications are fenced."""
-        zombie, states = data.draw(st.sampled_from(self.zombies))
+        """A replaced run keeps working: its writes stay in its own tiers, its snapshots
+        and late notifications are fenced."""
+        zombie = data.draw(st.sampled_from(self.zombies))
         scratch = empty_model()
         for op in ops:
-            apply(zombie, states, scratch, *op)
-        with pytest.raises(FencedError):
-            zombie.backend.snapshot(10_000 + len(self.snaps))
-        with pytest.raises(FencedError):
-            zombie.backend.notify_checkpoint_complete(self.next_checkpoint - 1)
+            t, states = zombie.route(op[1])
+            apply(t, states, scratch, *op)
+        for t in zombie.subtasks:
+            with pytest.raises(FencedError):
+                t.backend.snapshot(10_000 + len(self.snaps))
+            with pytest.raises(FencedError):
+                t.backend.notify_checkpoint_complete(self.next_checkpoint - 1)
         self._count("zombie fenced")
 
     @invariant()
@@ -321,10 +360,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         row = self.store.read_operator("op")
         if row is None or row.committed is None:
             return
+        parts = tuple(sorted(row.committed.parts, key=lambda t: t.kg_start))
         # A completed checkpoint, or the savepoint the running job started from.
         matching = [s for s in self.snaps if s.completed
                     and (not s.savepoint or s is self.job_start)
-                    and tuple(Token.from_json(t) for t in s.tokens) == row.committed.parts]
+                    and tuple(sorted((Token.from_json(t) for t in s.tokens),
+                                     key=lambda t: t.kg_start)) == parts]
         assert matching, row.committed
         seen = {}
         for rec in self.store.iter_committed("op", "value"):
@@ -413,7 +454,7 @@ def run(kind: str, mysql_url: str, max_examples: int, steps: int) -> None:
         max_examples=max_examples, stateful_step_count=steps, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow]))
     for what in ("failover", "new job from a checkpoint", "new job from a savepoint",
-                 "zombie fenced"):
+                 "zombie fenced", "rescale"):
         assert STATS[what] >= 3, (what, dict(STATS))
 
 
