@@ -16,6 +16,8 @@ from pyflink.datastream.state import ValueStateDescriptor
 #: Keys of this prefix mark the end of the input of the state-building job.
 END_PREFIX = "end-"
 PAYLOAD = "x" * 100
+#: Longest wait at the gate of :class:`KeyedCounter` (then it goes on regardless).
+GATE_TIMEOUT_S = 300.0
 
 
 def parse_key_line(line: str) -> str | None:
@@ -31,10 +33,17 @@ class KeyedCounter(KeyedProcessFunction):
     :data:`END_PREFIX` arrives (all the subtask's earlier records are then processed: the
     input comes from one source split, in order) and `first-<i>` holding `time.time()`
     after the first record's state access (restore time probe).
+
+    `gate`: when given, each subtask waits after writing `first-<i>` until that file exists
+    (polling, at most :data:`GATE_TIMEOUT_S`): while a subtask waits, no checkpoint of the
+    job can complete, so nothing of pyflink-ndb's background cleanup runs and the bench
+    sees the state rows as they were at the first record. Create the file after
+    cancelling the job (Flink cannot interrupt the waiting Python code).
     """
 
-    def __init__(self, marker_dir: str) -> None:
+    def __init__(self, marker_dir: str, gate: str | None = None) -> None:
         self.marker_dir = marker_dir
+        self.gate = gate
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.state = runtime_context.get_state(
@@ -60,4 +69,8 @@ class KeyedCounter(KeyedProcessFunction):
         if not self.first_done:
             self.first_done = True
             self._mark("first", repr(time.time()))
+            if self.gate is not None:
+                deadline = time.monotonic() + GATE_TIMEOUT_S
+                while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                    time.sleep(0.01)
         yield value

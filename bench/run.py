@@ -9,7 +9,11 @@ Figures (see README, "Benchmarks"):
 2. recovery: time from submitting a job that restores a stop-with-savepoint of N keys until
    its first record is processed (RocksDB vs pyflink-ndb on MariaDB, lazy restore);
 3. checkpoint pause (`backend.snapshot(n)`) versus dirty-set size, without Flink;
-4. point reads of the committed state with plain SQL on MariaDB from a separate connection.
+4. point reads of the committed state with plain SQL on MariaDB from a separate connection;
+5. restore time versus state-table rows: submit → first record after restoring a savepoint
+   of pyflink-ndb on MariaDB whose state table was bulk-filled to 10k / 100k / 1M rows, half
+   of them an abandoned epoch that a format-1 restore deleted before the first record; and
+   the rows the restore deleted (none: cleanup runs later, in the background).
 
 Results go to `bench/results/` (summary.md, results.json, bench.png).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -40,6 +45,7 @@ from jobs.flight_data import departed_flights, flights_csv, parse_line  # noqa: 
 from jobs.flight_delays import OPERATOR_UID, AircraftDelays, make_environment  # noqa: E402
 from pyflink_ndb.config import NdbStateOptions  # noqa: E402
 from pyflink_ndb.stores.factory import create_store  # noqa: E402
+from pyflink_ndb.stores.lineage import MAX_EPOCH, version_of  # noqa: E402
 
 WORK = ROOT / "var" / "bench"
 DEFAULT_MYSQL_URL = os.environ.get("PYFLINK_NDB_TEST_MYSQL_URL",
@@ -69,7 +75,8 @@ def mysql_connection(url: str) -> Any:
     args = parse_mysql_url(url)
     return pymysql.connect(host=args["host"], port=args["port"], user=args["user"],
                            password=args["password"] or "", database=args["database"],
-                           charset="utf8mb4", autocommit=True, connect_timeout=5)
+                           charset="utf8mb4", autocommit=True, connect_timeout=5,
+                           binary_prefix=True)
 
 
 def drop_namespace(url: str, namespace: str) -> None:
@@ -232,6 +239,35 @@ def key_stream(env: Any, path: Path, continuous: bool) -> Any:
             .key_by(lambda k: k, key_type=Types.STRING()))
 
 
+def build_savepoint(kind: str, work: Path, n: int, extra: Mapping[str, str],
+                    options: Mapping[str, str], parallelism: int) -> str:
+    """Build keys `k0000000..` (`n` of them, one update each) with a continuous job in
+    `work` (subfolders `input`, `markers`), stop it with a savepoint; returns its path."""
+    from pyflink.common import Types
+
+    (work / "input" / "keys.csv").write_text(
+        "".join(f"k{i:07d}\n" for i in range(n))
+        + "".join(f"{END_PREFIX}{i:02d}\n" for i in range(64)))
+    env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
+    discard(keyed_process(kind, key_stream(env, work / "input", True),
+                          KeyedCounter(str(work / "markers")), Types.STRING(),
+                          "bench-state", options))
+    client = env.execute_async(f"bench-build-{kind}-{n}")
+    wait_until(lambda: len(list((work / "markers").glob("end-*"))) >= parallelism,
+               600, "the state-building job to process its input")
+    if kind.startswith("ndb"):  # a savepoint of pyflink-ndb needs a committed checkpoint
+        from pyflink_ndb.config import from_flink_keys
+        from pyflink_ndb.stores.factory import open_store
+
+        store = open_store(from_flink_keys(options))
+        try:
+            wait_until(lambda: store.latest_committed_checkpoint("bench-state") is not None,
+                       120, "a committed checkpoint")
+        finally:
+            store.close()
+    return str(client.stop_with_savepoint(False, (work / "savepoints").as_uri()).result())
+
+
 def run_recovery(kind: str, n: int, probes: int, mysql_url: str, parallelism: int) -> dict:
     """Build `n` keys with a continuous job, stop it with a savepoint, then time a job that
     restores it (or, for n == 0, starts fresh) until its first record is processed."""
@@ -252,28 +288,8 @@ def run_recovery(kind: str, n: int, probes: int, mysql_url: str, parallelism: in
     out: dict[str, Any] = {}
     restore_extra = dict(extra)
     if n > 0:
-        (work / "input" / "keys.csv").write_text(
-            "".join(f"k{i:07d}\n" for i in range(n))
-            + "".join(f"{END_PREFIX}{i:02d}\n" for i in range(64)))
-        env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
-        discard(keyed_process(kind, key_stream(env, work / "input", True),
-                              KeyedCounter(str(work / "markers")), Types.STRING(),
-                              "bench-state", options))
         started = time.monotonic()
-        client = env.execute_async(f"bench-build-{kind}-{n}")
-        wait_until(lambda: len(list((work / "markers").glob("end-*"))) >= parallelism,
-                   600, "the state-building job to process its input")
-        if kind.startswith("ndb"):  # a savepoint of pyflink-ndb needs a committed checkpoint
-            from pyflink_ndb.config import from_flink_keys
-            from pyflink_ndb.stores.factory import open_store
-
-            store = open_store(from_flink_keys(options))
-            try:
-                wait_until(lambda: store.latest_committed_checkpoint("bench-state") is not None,
-                           120, "a committed checkpoint")
-            finally:
-                store.close()
-        savepoint = client.stop_with_savepoint(False, (work / "savepoints").as_uri()).result()
+        savepoint = build_savepoint(kind, work, n, extra, options, parallelism)
         out["build_s"] = time.monotonic() - started
         if kind.startswith("ndb"):
             conn = mysql_connection(mysql_url)
@@ -369,37 +385,49 @@ def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str) -> dict:
 
 # -- 4. SQL reads -------------------------------------------------------------------------
 def bench_sql_reads(mysql_url: str, reads: int, view_reads: int) -> dict:
-    """Point reads of the committed state of the MariaDB throughput run (uniform keys)."""
+    """Point reads of the committed state of the MariaDB throughput run (uniform keys): by
+    primary key with the committed checkpoint's version ranges, and through
+    `committed_sql()` filtered by kjson."""
+    from pyflink_ndb.stores.base import visible
+    from pyflink_ndb.stores.mysql import MysqlStateStore
+
     namespace = "bench_tp_uniform"
+    store = MysqlStateStore(mysql_url, namespace)
+    store.open(create=False)
     conn = mysql_connection(mysql_url)
     out: dict[str, Any] = {}
     try:
+        committed = store.read_operator(OPERATOR_UID)
+        assert committed is not None and committed.committed is not None
+        segments = store.committed_segments(committed.committed)
+        keys = [(r["key_group"], r["state_id"], r["ukey"], r["kjson"])
+                for r in store.iter_committed(OPERATOR_UID)]
+        out["table_rows"] = store.count_rows()
+        out["keys"] = len(keys)
+        view_text, view_params = store.committed_sql(OPERATOR_UID)
+        view_sql = store._sql(f"SELECT q.vjson FROM ({view_text}) q WHERE q.kjson = ?")
+
+        def pk(key: tuple[Any, ...]) -> tuple[str, list[Any]]:
+            ranges = next(r for a, b, r, _ in segments if a <= key[0] <= b)
+            where, params = visible("version", ranges)
+            return (store._sql(f"SELECT vjson FROM {namespace}_state WHERE key_group = ? AND "
+                               f"state_id = ? AND ukey = ? AND chunk = 0 AND {where} "
+                               "ORDER BY version DESC LIMIT 1"),
+                    [key[0], key[1], key[2], *params])
+
+        rng = np.random.default_rng(SEED)
         with conn.cursor() as cur:
-            cur.execute(f"SELECT MAX(epoch) FROM {namespace}_epochs WHERE operator = %s "
-                        "AND is_savepoint = 0", (OPERATOR_UID,))
-            (latest,) = cur.fetchone()
-            cur.execute(f"SELECT DISTINCT s.key_group, s.state_id, s.ukey, s.kjson FROM "
-                        f"{namespace}_state s WHERE s.chunk = 0 AND s.epoch <= %s", (latest,))
-            keys = cur.fetchall()
-            cur.execute(f"SELECT COUNT(*) FROM {namespace}_state")
-            out["table_rows"] = int(cur.fetchone()[0])
-            out["keys"] = len(keys)
-            rng = np.random.default_rng(SEED)
-            pk_sql = (f"SELECT vjson FROM {namespace}_state WHERE key_group = %s AND "
-                      "state_id = %s AND ukey = %s AND chunk = 0 AND epoch <= %s "
-                      "ORDER BY epoch DESC LIMIT 1")
-            view_sql = (f"SELECT q.vjson FROM ({_view_sql(mysql_url, namespace)}) q "
-                        "WHERE q.kjson = %s")
-            for label, sql, count, params in (
-                    ("pk", pk_sql, reads, lambda k: (k[0], k[1], k[2], latest)),
-                    ("view", view_sql, view_reads, lambda k: (k[3],))):
+            for label, count, make in (
+                    ("pk", reads, pk),
+                    ("view", view_reads, lambda k: (view_sql, [*view_params, k[3]]))):
                 picks = rng.integers(0, len(keys), size=count)
+                prepared = [make(keys[i]) for i in picks]
                 latencies = []
                 found = 0
                 started = time.perf_counter()
-                for i in picks:
+                for sql, params in prepared:
                     t = time.perf_counter()
-                    cur.execute(sql, params(keys[i]))
+                    cur.execute(sql, params)
                     found += cur.fetchone() is not None
                     latencies.append(time.perf_counter() - t)
                 elapsed = time.perf_counter() - started
@@ -410,13 +438,454 @@ def bench_sql_reads(mysql_url: str, reads: int, view_reads: int) -> dict:
                     f"p99 {out[label]['p99_ms']:.2f} ms")
     finally:
         conn.close()
+        store.close()
     return out
 
 
-def _view_sql(mysql_url: str, namespace: str) -> str:
-    from pyflink_ndb.stores.mysql import MysqlStateStore
+# -- 5. restore time versus state-table rows ----------------------------------------------
+#: Keys (one ValueState entry each) of the job whose savepoint the restore-rows part uses.
+RESTORE_ROWS_KEYS = 2_000
+RESTORE_ROWS_PROBES = 200
+STATE_UID = "bench-state"
+STATE_NAME = "counter"  # the ValueState of bench.functions.KeyedCounter
+#: Rows of the abandoned epoch carry epoch `savepoint epoch + ABANDONED_AHEAD`: versions a
+#: run wrote after the savepoint and that a restore of the savepoint rolls back.
+ABANDONED_AHEAD = 5
+#: Value of the abandoned versions of the job's own keys: seen by mistake, the restored
+#: counters would continue from it.
+ABANDONED_COUNT = 1_000_000
+INSERT_BATCH_ROWS = 1_000
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+_TASK_SWITCH = re.compile(r"\.taskmanager\.Task .* - NDB KEYED PROCESS[^(]* \((\d+)/\d+\)#\d+ "
+                          r".*switched from (\w+) to (\w+)\.")
+_CLAIMED = re.compile(r"pyflink-ndb (\S+)/(\d+) \(attempt \d+\) claimed key groups (\d+)-(\d+) "
+                      r"as branch (\d+) \((\w+)\)")
+_TRIGGERED = re.compile(r"Triggering checkpoint \d+")
+_COMPLETED = re.compile(r"Completed checkpoint \d+ for job")
+_RECEIVED = re.compile(r"Received JobGraph submission")
 
-    return MysqlStateStore(mysql_url, namespace).committed_view_sql()
+
+def flink_log_events(since: float) -> list[tuple[float, str]]:
+    """(time, line) of this process's Flink log (FLINK_LOG_DIR, see `main`) from `since`
+    (time.time(); the log's clock is the same machine's local time)."""
+    out = []
+    for path in Path(os.environ["FLINK_LOG_DIR"]).glob("flink-*.log"):
+        with path.open(errors="replace") as f:
+            for line in f:
+                m = _LOG_LINE.match(line)
+                if not m:
+                    continue
+                t = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) \
+                    + int(m.group(1)[20:]) / 1000
+                if t >= since - 0.002:  # the log has ms resolution
+                    out.append((t, line.rstrip("\n")))
+    return sorted(out)
+
+
+def restore_timeline(submitted: float, until: float) -> dict[str, Any]:
+    """Seconds after submit at which the log shows the job graph received by the
+    dispatcher, and per keyed subtask INITIALIZING (deployed, restoring), pyflink-ndb's
+    "claimed key groups" (its restore done) and RUNNING; the latest subtask of each; and
+    how many checkpoints were triggered and completed before `until`."""
+    subtasks: dict[int, dict[str, float]] = {}
+    triggered = completed = 0
+    received = None
+    for t, line in flink_log_events(submitted):
+        if t > until:
+            break
+        if received is None and _RECEIVED.search(line):
+            received = t - submitted
+        elif (m := _TASK_SWITCH.search(line)) and m.group(3) in ("INITIALIZING", "RUNNING"):
+            subtasks.setdefault(int(m.group(1)) - 1, {}).setdefault(
+                m.group(3).lower() + "_s", t - submitted)
+        elif (m := _CLAIMED.search(line)) and m.group(1) == STATE_UID:
+            subtasks.setdefault(int(m.group(2)), {}).setdefault("claimed_s", t - submitted)
+        elif _TRIGGERED.search(line):
+            triggered += 1
+        elif _COMPLETED.search(line):
+            completed += 1
+    latest = {phase: max(s[phase] for s in subtasks.values())
+              for phase in ("initializing_s", "claimed_s", "running_s")
+              if subtasks and all(phase in s for s in subtasks.values())}
+    if received is not None:
+        latest["job_received_s"] = received
+    return {"subtasks": {str(k): v for k, v in sorted(subtasks.items())}, "latest": latest,
+            "checkpoints_triggered": triggered, "checkpoints_completed": completed}
+
+
+def savepoint_layout(conn: Any, namespace: str) -> dict[str, Any]:
+    """State id of the job's ValueState and the savepoint's tokens (branch, epoch, key
+    groups) from `<ns>_catalog`, `<ns>_snapshots` and `<ns>_operators`."""
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT state_id FROM {namespace}_catalog WHERE operator = %s AND "
+                    "state_name = %s", (STATE_UID, STATE_NAME))
+        (state_id,) = cur.fetchone()
+        cur.execute(f"SELECT branch_id, epoch, kg_start, kg_end, status FROM "
+                    f"{namespace}_snapshots WHERE operator = %s AND kind = 'savepoint' "
+                    "ORDER BY kg_start", (STATE_UID,))
+        tokens = [{"branch": int(b), "epoch": int(e), "kg_start": int(a), "kg_end": int(z),
+                   "status": s} for b, e, a, z, s in cur.fetchall()]
+        cur.execute(f"SELECT owners FROM {namespace}_operators WHERE operator = %s",
+                    (STATE_UID,))
+        owners = json.loads(cur.fetchone()[0])
+    covered = sorted(g for t in tokens for g in range(t["kg_start"], t["kg_end"] + 1))
+    if not tokens or covered != list(range(covered[-1] + 1)) or \
+            {t["branch"] for t in tokens} != {int(o[2]) for o in owners}:
+        raise click.ClickException(f"unexpected savepoint layout in {namespace}: tokens "
+                                   f"{tokens}, owners {owners}")
+    return {"state_id": int(state_id), "tokens": tokens, "max_key_group": covered[-1]}
+
+
+def _abandoned_version(token: Mapping[str, int]) -> int:
+    return version_of(token["branch"], token["epoch"] + ABANDONED_AHEAD)
+
+
+def state_census(conn: Any, namespace: str, layout: Mapping[str, Any]) -> dict[str, int]:
+    """Rows of the state table: all; those the savepoint sees (count and a checksum of
+    key, version and value); those of the abandoned epoch; any other."""
+    sid = layout["state_id"]
+    out = {"total": 0, "savepoint": 0, "savepoint_checksum": 0, "abandoned": 0}
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT COUNT(*) FROM {namespace}_state")
+        out["total"] = int(cur.fetchone()[0])
+        for t in layout["tokens"]:
+            lo, hi = version_of(t["branch"], 0), version_of(t["branch"], t["epoch"])
+            cur.execute(f"SELECT COUNT(*), COALESCE(SUM(CRC32(CONCAT_WS(',', key_group, "
+                        "HEX(ukey), version, chunk, tombstone, HEX(vbytes)))), 0) FROM "
+                        f"{namespace}_state WHERE state_id = %s AND version BETWEEN %s AND %s "
+                        "AND key_group BETWEEN %s AND %s",
+                        (sid, lo, hi, t["kg_start"], t["kg_end"]))
+            rows, checksum = cur.fetchone()
+            out["savepoint"] += int(rows)
+            out["savepoint_checksum"] += int(checksum)
+            cur.execute(f"SELECT COUNT(*) FROM {namespace}_state WHERE state_id = %s AND "
+                        "version = %s AND key_group BETWEEN %s AND %s",
+                        (sid, _abandoned_version(t), t["kg_start"], t["kg_end"]))
+            out["abandoned"] += int(cur.fetchone()[0])
+    out["other"] = out["total"] - out["savepoint"] - out["abandoned"]
+    return out
+
+
+def fill_state_table(conn: Any, namespace: str, layout: Mapping[str, Any],
+                     target_rows: int) -> dict[str, Any]:
+    """Bulk-insert rows into `<ns>_state` until it holds `target_rows`: half of them rows of
+    an abandoned epoch (`ABANDONED_AHEAD` epochs after the savepoint, on the savepoint's
+    branches: a newer version of each of the job's keys, then of synthetic keys), the other
+    half state that the savepoint sees (the job's keys, then synthetic keys at the
+    savepoint's version). Synthetic keys `x0000000..` spread over all key groups; values
+    are pickled small ints. Multi-row INSERTs of `INSERT_BATCH_ROWS` rows in primary-key
+    order, each committed."""
+    from pyflink_ndb.serialization.keys import encode_key, key_json
+    from pyflink_ndb.serialization.values import encode_value, value_json
+
+    sid = layout["state_id"]
+    token_of = {g: t for t in layout["tokens"] for g in range(t["kg_start"], t["kg_end"] + 1)}
+    groups = layout["max_key_group"] + 1
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT COUNT(*) FROM {namespace}_state")
+        existing = int(cur.fetchone()[0])
+        cur.execute(f"SELECT key_group, ukey FROM {namespace}_state WHERE state_id = %s AND "
+                    "chunk = 0 AND tombstone = 0", (sid,))
+        real = [(int(g), bytes(u)) for g, u in cur.fetchall()]
+    abandoned = target_rows // 2
+    visible_new = target_rows - abandoned - existing
+    abandoned_new = abandoned - len(real)
+    if visible_new < 0 or abandoned_new < 0:
+        raise click.ClickException(f"{target_rows:,} rows is too small for the {existing:,} "
+                                   f"rows of the job's savepoint in {namespace}")
+    small = encode_value(1), value_json(1)
+    shadow = encode_value((ABANDONED_COUNT, "abandoned"))
+    shadow_json = value_json((ABANDONED_COUNT, "abandoned"))
+    real_by_group: dict[int, list[bytes]] = {}
+    for g, u in real:
+        real_by_group.setdefault(g, []).append(u)
+
+    def rows() -> Any:  # (key_group, state_id, ukey, version, vbytes, vjson, kjson), PK order
+        for g in range(groups):
+            t = token_of[g]
+            sp, ab = version_of(t["branch"], t["epoch"]), _abandoned_version(t)
+            part = [(u, ab, shadow, shadow_json) for u in real_by_group.get(g, ())]
+            for i in range(g, max(visible_new, abandoned_new), groups):
+                ukey = encode_key(f"x{i:07d}")
+                if i < visible_new:
+                    part.append((ukey, sp) + small)
+                if i < abandoned_new:
+                    part.append((ukey, ab) + small)
+            part.sort(key=lambda r: (r[0], r[1]))
+            for ukey, version, vbytes, vjson in part:
+                yield g, sid, ukey, version, vbytes, vjson, key_json(ukey)
+
+    cols = (f"INSERT INTO {namespace}_state (key_group, state_id, ukey, version, chunk, "
+            "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) VALUES ")
+    one = "(%s, %s, %s, %s, 0, 0, 1, NULL, 2, %s, %s, %s)"
+    started = time.monotonic()
+    inserted = 0
+    batch: list[Any] = []
+    with conn.cursor() as cur:
+        def flush() -> None:
+            cur.execute(cols + ", ".join([one] * (len(batch) // 7)), batch)
+            batch.clear()
+        for row in rows():
+            batch.extend(row)
+            inserted += 1
+            if len(batch) == 7 * INSERT_BATCH_ROWS:
+                flush()
+        if batch:
+            flush()
+    elapsed = time.monotonic() - started
+    return {"existing_rows": existing, "job_keys": len(real), "inserted_rows": inserted,
+            "inserted_savepoint_rows": visible_new, "inserted_abandoned_rows": abandoned,
+            "insert_s": elapsed, "insert_rows_per_s": inserted / elapsed if elapsed else 0.0}
+
+
+def server_row_counters(conn: Any) -> dict[str, int]:
+    """Server-wide handler counters (every client of the server adds to them; MariaDB 10.11
+    has no Innodb_rows_*): `rows_read` sums the Handler_read_* (rows fetched by index or
+    scan), `rows_deleted` is Handler_delete."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL STATUS WHERE Variable_name LIKE 'Handler\\_read\\_%' OR "
+                    "Variable_name IN ('Handler_delete', 'Handler_write', 'Handler_update')")
+        status = {name.lower(): int(value) for name, value in cur.fetchall()}
+    return {"rows_read": sum(v for k, v in status.items() if k.startswith("handler_read_")),
+            "rows_deleted": status.get("handler_delete", 0),
+            "rows_written": status.get("handler_write", 0),
+            "rows_updated": status.get("handler_update", 0)}
+
+
+def submit_restore(work: Path, savepoint: str, options: Mapping[str, str], parallelism: int,
+                   tag: str, gate: Path | None) -> tuple[Any, float, Path]:
+    """Submit the bounded probe job restoring `savepoint` (its subtasks wait at `gate`
+    after their first record, see KeyedCounter); returns (client, submit time, its
+    marker folder)."""
+    from pyflink.common import Types
+
+    markers = work / f"markers-{tag}"
+    checkpoints = work / f"checkpoints-{tag}"
+    shutil.rmtree(markers, ignore_errors=True)
+    markers.mkdir(parents=True)
+    extra = flink_extra("ndb-mariadb", checkpoints)
+    extra.update({"execution.savepoint.path": savepoint,
+                  "execution.savepoint.ignore-unclaimed-state": "true"})
+    env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
+    counter = KeyedCounter(str(markers), None if gate is None else str(gate))
+    discard(keyed_process("ndb-mariadb", key_stream(env, work / "probe" / "probe.csv", False),
+                          counter, Types.STRING(), STATE_UID, options))
+    submitted = time.time()
+    return env.execute_async(f"bench-restore-rows-{tag}"), submitted, markers
+
+
+def first_markers(markers: Path) -> list[Path]:
+    """The `first-<i>` files (not the `.tmp` files they are written through)."""
+    return [p for p in markers.glob("first-*") if p.suffix != ".tmp"]
+
+
+def wait_for_firsts(client: Any, markers: Path, parallelism: int) -> list[float]:
+    def done() -> bool:
+        if len(first_markers(markers)) >= parallelism:
+            return True
+        if client.get_job_status().result().is_globally_terminal_state():
+            client.get_job_execution_result().result()  # raises the job's failure
+            raise click.ClickException("the restoring job ended before its first records")
+        return False
+    wait_until(done, 300, "every subtask of the restoring job to process a record")
+    return [float(p.read_text()) for p in first_markers(markers)]
+
+
+def cancel_job(client: Any, gate: Path) -> None:
+    """Cancel a job whose subtasks may wait at `gate`, then open the gate (once the job is
+    cancelling no checkpoint can complete) and wait until the job ended (its per-job
+    MiniCluster shuts down then)."""
+    try:
+        client.cancel().result()
+    except Exception as err:  # it ended already (the MiniCluster is gone)
+        log(f"  cancel: {str(err).splitlines()[0][:120]}")
+    gate.touch()
+
+    def ended() -> bool:
+        try:
+            return bool(client.get_job_status().result().is_globally_terminal_state())
+        except Exception:  # Py4JJavaError: "MiniCluster is not yet running or has already
+            return True    # been shut down"
+    wait_until(ended, 120, "the restoring job to be cancelled")
+
+
+def restore_round(work: Path, savepoint: str, options: Mapping[str, str], parallelism: int,
+                  mysql_url: str, namespace: str, layout: Mapping[str, Any], tag: str
+                  ) -> dict[str, Any]:
+    """One timed restore: submit → every subtask's first record; then the counters and the
+    rows as they are at that moment (the subtasks wait at a gate after their first record:
+    no checkpoint can complete, no cleanup runs); cancel."""
+    gate = work / f"gate-{tag}"
+    gate.unlink(missing_ok=True)
+    conn = mysql_connection(mysql_url)
+    try:
+        before = server_row_counters(conn)
+        client, submitted, markers = submit_restore(work, savepoint, options, parallelism,
+                                                    tag, gate)
+        try:
+            firsts = wait_for_firsts(client, markers, parallelism)
+            seen = time.time()
+            after = server_row_counters(conn)
+            census = state_census(conn, namespace, layout)
+        finally:
+            cancel_job(client, gate)
+    finally:
+        conn.close()
+    return {"first_record_s": max(firsts) - submitted,
+            "server_rows": {k: after[k] - before[k] for k in before},
+            "census": census, "timeline": restore_timeline(submitted, seen)}
+
+
+def cleanup_run(work: Path, savepoint: str, options: Mapping[str, str], parallelism: int,
+                mysql_url: str, namespace: str, layout: Mapping[str, Any]) -> dict[str, Any]:
+    """Untimed: restore the savepoint once more with checkpoints every second and let the
+    bounded job finish: its completed checkpoints run the background cleanup. Returns
+    the rows left and whether each probed key continued from the savepoint's value."""
+    from pyflink_ndb.serialization.keys import decode_key
+    from pyflink_ndb.serialization.values import decode_value
+
+    started = time.monotonic()
+    client, submitted, _ = submit_restore(work, savepoint, options, parallelism, "cleanup",
+                                          None)
+    client.get_job_execution_result().result()
+    out: dict[str, Any] = {"job_s": time.monotonic() - started}
+    out["checkpoints_completed"] = restore_timeline(submitted, time.time())[
+        "checkpoints_completed"]
+    probes: dict[str, int] = {}
+    for line in (work / "probe" / "probe.csv").read_text().split():
+        probes[line] = probes.get(line, 0) + 1
+    conn = mysql_connection(mysql_url)
+    try:
+        out["census"] = state_census(conn, namespace, layout)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT owners FROM {namespace}_operators WHERE operator = %s",
+                        (STATE_UID,))
+            branches = sorted({int(o[2]) for o in json.loads(cur.fetchone()[0])})
+            written: dict[str, int] = {}
+            for b in branches:
+                cur.execute(f"SELECT ukey, vbytes FROM {namespace}_state WHERE state_id = %s "
+                            "AND version BETWEEN %s AND %s AND tombstone = 0 AND chunk = 0 "
+                            "ORDER BY version",
+                            (layout["state_id"], version_of(b, 0), version_of(b, MAX_EPOCH)))
+                for ukey, vbytes in cur.fetchall():
+                    written[decode_key(bytes(ukey))] = decode_value(bytes(vbytes))[0]
+    finally:
+        conn.close()
+    out["probe_keys"] = len(probes)
+    out["probe_values_ok"] = written == {k: 1 + n for k, n in probes.items()}
+    if not out["probe_values_ok"]:
+        wrong = {k: v for k, v in written.items() if v != 1 + probes.get(k, -1)}
+        out["probe_values_wrong"] = dict(list(wrong.items())[:10])
+        out["probe_keys_written"] = len(written)
+    return out
+
+
+def bench_restore_rows(sizes: list[int], mysql_url: str, parallelism: int,
+                       repeat: int) -> dict:
+    """Submit → first record after restoring a savepoint of pyflink-ndb on MariaDB whose
+    state table was filled to N rows (half of them an abandoned epoch that a format-1
+    restore deleted before the first record), and what the restore deleted."""
+    part_started = time.monotonic()
+    out: dict[str, Any] = {"keys": RESTORE_ROWS_KEYS, "probes": RESTORE_ROWS_PROBES,
+                           "abandoned_ahead": ABANDONED_AHEAD, "runs": {}}
+    setups: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        namespace = f"bench_rr_{n}"
+        work = WORK / "restore-rows" / str(n)
+        shutil.rmtree(work, ignore_errors=True)
+        for sub in ("input", "markers", "probe"):
+            (work / sub).mkdir(parents=True)
+        probe_keys = np.random.default_rng(SEED + n).integers(0, RESTORE_ROWS_KEYS,
+                                                              size=RESTORE_ROWS_PROBES)
+        (work / "probe" / "probe.csv").write_text("".join(f"k{k:07d}\n" for k in probe_keys))
+        options = ndb_options(mysql_url, namespace)
+        drop_namespace(mysql_url, namespace)
+        log(f"restore-rows {n:,}: building a savepoint of {RESTORE_ROWS_KEYS:,} keys")
+        started = time.monotonic()
+        savepoint = build_savepoint("ndb-mariadb", work, RESTORE_ROWS_KEYS,
+                                    flink_extra("ndb-mariadb", work / "checkpoints"),
+                                    options, parallelism)
+        build_s = time.monotonic() - started
+        conn = mysql_connection(mysql_url)
+        try:
+            layout = savepoint_layout(conn, namespace)
+            log(f"  savepoint {layout['tokens']}; inserting rows up to {n:,}")
+            fill = fill_state_table(conn, namespace, layout, n)
+            census = state_census(conn, namespace, layout)
+        finally:
+            conn.close()
+        log(f"  {fill['inserted_rows']:,} rows in {fill['insert_s']:.1f} s "
+            f"({fill['insert_rows_per_s']:,.0f} rows/s); table: {census}")
+        if census["total"] != n or census["abandoned"] != n // 2 or census["other"]:
+            raise click.ClickException(f"{namespace}_state holds {census} instead of {n:,} "
+                                       f"rows, {n // 2:,} of them abandoned")
+        setups[n] = {"work": work, "savepoint": savepoint, "options": options,
+                     "namespace": namespace, "layout": layout, "census": census}
+        out["runs"][str(n)] = {"build_s": build_s, **fill, "table": census,
+                               "tokens": layout["tokens"], "rounds": []}
+    smallest = sizes[0]
+    log("restore-rows: an untimed warm-up restore")
+    s = setups[smallest]
+    restore_round(s["work"], s["savepoint"], s["options"], parallelism, mysql_url,
+                  s["namespace"], s["layout"], "warmup")
+    for rep in range(repeat):
+        for n in (sizes if rep % 2 == 0 else sizes[::-1]):  # drift hits every size alike
+            s = setups[n]
+            log(f"restore-rows round {rep + 1}/{repeat}, {n:,} rows")
+            run = restore_round(s["work"], s["savepoint"], s["options"], parallelism,
+                                mysql_url, s["namespace"], s["layout"], f"{n}-r{rep}")
+            c, c0 = run["census"], s["census"]
+            # Rows of the table before the restore are savepoint or abandoned ones.
+            run["deleted_before_first"] = (max(c0["savepoint"] - c["savepoint"], 0)
+                                           + max(c0["abandoned"] - c["abandoned"], 0))
+            run["written_before_first"] = c["other"] - c0["other"]
+            run["abandoned_kept"] = c["abandoned"] == c0["abandoned"]
+            run["savepoint_unchanged"] = (c["savepoint"], c["savepoint_checksum"]) == (
+                c0["savepoint"], c0["savepoint_checksum"])
+            log(f"  first record {run['first_record_s']:.2f} s after submit (claimed at "
+                f"{run['timeline']['latest'].get('claimed_s', float('nan')):.2f} s); "
+                f"abandoned rows {c['abandoned']:,} of {c0['abandoned']:,}, savepoint rows "
+                f"{'unchanged' if run['savepoint_unchanged'] else 'CHANGED'}, "
+                f"rows read server-wide {run['server_rows']['rows_read']:,}")
+            out["runs"][str(n)]["rounds"].append(run)
+    for n in sizes:
+        s, r = setups[n], out["runs"][str(n)]
+        log(f"restore-rows {n:,}: a restore that runs to completion (background cleanup)")
+        r["cleanup"] = cleanup_run(s["work"], s["savepoint"], s["options"], parallelism,
+                                   mysql_url, s["namespace"], s["layout"])
+        log(f"  abandoned rows left {r['cleanup']['census']['abandoned']:,} after "
+            f"{r['cleanup']['job_s']:.1f} s and {r['cleanup']['checkpoints_completed']} "
+            "completed checkpoint(s); probed counters continue from the savepoint: "
+            f"{r['cleanup']['probe_values_ok']}")
+        rounds = r["rounds"]
+        r["first_record_s"] = statistics.median(x["first_record_s"] for x in rounds)
+        r["all"] = [x["first_record_s"] for x in rounds]
+        claimed = [x["timeline"]["latest"]["claimed_s"] for x in rounds
+                   if "claimed_s" in x["timeline"]["latest"]]
+        r["claimed_s"] = statistics.median(claimed) if claimed else None
+        received = [x["timeline"]["latest"]["job_received_s"] for x in rounds
+                    if "job_received_s" in x["timeline"]["latest"]]
+        r["received_s"] = statistics.median(received) if received else None
+        # The part on the cluster (deploy, restore, first record), without the client's
+        # job graph and the MiniCluster start-up that come before it.
+        in_cluster = [x["first_record_s"] - x["timeline"]["latest"]["job_received_s"]
+                      for x in rounds if "job_received_s" in x["timeline"]["latest"]]
+        r["in_cluster_s"] = statistics.median(in_cluster) if in_cluster else None
+        r["deleted_before_first"] = max(x["deleted_before_first"] for x in rounds)
+        r["abandoned_after_first"] = min(x["census"]["abandoned"] for x in rounds)
+        r["savepoint_unchanged"] = all(x["savepoint_unchanged"] for x in rounds)
+        # Each round's server-wide count bounds the same restore path: the least is the
+        # tightest bound (the other rounds saw more of the other clients).
+        r["server_rows_read"] = min(x["server_rows"]["rows_read"] for x in rounds)
+        r["server_rows_deleted"] = min(x["server_rows"]["rows_deleted"] for x in rounds)
+        r["checkpoints_completed"] = max(x["timeline"]["checkpoints_completed"]
+                                         for x in rounds)
+    for n in sizes:
+        r = out["runs"][str(n)]
+        r["ratio_to_smallest"] = r["first_record_s"] / out["runs"][str(smallest)][
+            "first_record_s"]
+    out["elapsed_s"] = time.monotonic() - part_started
+    return out
 
 
 # -- report -------------------------------------------------------------------------------
@@ -424,7 +893,8 @@ def summary_markdown(meta: dict, results: dict) -> str:
     lines = [f"# pyflink-ndb benchmark ({'quick' if meta['quick'] else 'full'} run)", "",
              f"{meta['when']}, commit {meta['commit']}, {meta['cpus']} CPUs, "
              f"parallelism {meta['parallelism']}, checkpoints every {CHECKPOINT_MS} ms, "
-             f"median of {meta.get('rounds', 1)} round(s) for throughput and recovery, "
+             f"median of {meta.get('rounds', 1)} round(s) for throughput, recovery and "
+             "restore-rows, "
              "pyflink-ndb cache 10,000 entries per subtask. One run on a noisy machine: "
              "read the ratios, not the absolute figures.", ""]
     tp = results.get("throughput")
@@ -484,12 +954,68 @@ def summary_markdown(meta: dict, results: dict) -> str:
                   f"State of the uniform MariaDB run: {sql['keys']:,} keys, "
                   f"{sql['table_rows']:,} rows.", "",
                   "| query | reads | reads/s | p50 ms | p99 ms |", "|---|---:|---:|---:|---:|"]
-        for label, text in (("pk", "PK: newest version ≤ latest committed epoch"),
-                            ("view", "`committed_view_sql()` filtered by kjson")):
+        for label, text in (("pk", "PK: newest version in the committed checkpoint's ranges"),
+                            ("view", "`committed_sql()` filtered by kjson")):
             q = sql[label]
             lines.append(f"| {text} | {q['reads']:,} | {q['reads_per_s']:,.0f} | "
                          f"{q['p50_ms']:.2f} | {q['p99_ms']:.2f} |")
         lines.append("")
+    rr = results.get("restore_rows")
+    if rr:
+        sizes = sorted(int(n) for n in rr["runs"])
+        lines += ["## 5. Restore time versus state-table rows (pyflink-ndb on MariaDB)", "",
+                  f"A savepoint of {rr['keys']:,} keys (the recovery job, parallelism 2, "
+                  "stop-with-savepoint), then `<ns>_state` bulk-filled to N rows: half "
+                  "state the savepoint sees (its keys and synthetic keys over all key "
+                  "groups), half rows of an abandoned epoch (savepoint epoch + "
+                  f"{rr['abandoned_ahead']} on the savepoint's branches), which a format-1 "
+                  "restore deleted before the first record. Timed: submit → every subtask "
+                  "processed its first record (lower is better). The rows are counted at "
+                  "that moment (each subtask waits after its first record until then, so "
+                  "no checkpoint can complete), then the job is cancelled. Claimed: the "
+                  "latest pyflink-ndb `claimed key groups` log line (its restore done); "
+                  "job graph received: the dispatcher's log line (before it: building the "
+                  "job graph in the client and starting the per-job MiniCluster, which no "
+                  "state touches); received → first record: the part on the cluster "
+                  "(deploy, restore, first record), median of the rounds. "
+                  "Rows read: the server's Handler_read_* counters from submit to first "
+                  "record, least of the rounds; every client of the server and the first "
+                  "records' lazy reads count (an upper bound). Left later: abandoned "
+                  "rows after one more restore run to its end (its completed checkpoints "
+                  "run the background cleanup).", "",
+                  f"| rows in state table | abandoned-epoch rows | submit → first record s "
+                  f"| × {sizes[0]:,} | job graph received s | claimed s "
+                  "| received → first record s "
+                  "| rows deleted before first record "
+                  "| abandoned rows after first record | savepoint rows unchanged "
+                  "| rows read server-wide (upper bound) | checkpoints completed before count "
+                  "| abandoned left later | bulk insert |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+        for n in sizes:
+            r = rr["runs"][str(n)]
+            claimed, received, in_cluster = (
+                "–" if r.get(k) is None else f"{r[k]:.2f}"
+                for k in ("claimed_s", "received_s", "in_cluster_s"))
+            cleanup = r.get("cleanup", {}).get("census", {}).get("abandoned")
+            later = "–" if cleanup is None else (
+                f"{cleanup:,} ({r['table']['abandoned'] - cleanup:,} deleted in "
+                f"{r['cleanup']['checkpoints_completed']} checkpoint(s))")
+            lines.append(
+                f"| {r['table']['total']:,} | {r['table']['abandoned']:,} | "
+                f"{r['first_record_s']:.2f} | {r['ratio_to_smallest']:.2f}× | {received} | "
+                f"{claimed} | {in_cluster} | "
+                f"{r['deleted_before_first']:,} | {r['abandoned_after_first']:,} | "
+                f"{'yes' if r['savepoint_unchanged'] else 'NO'} | "
+                f"{r['server_rows_read']:,} | {r['checkpoints_completed']} | "
+                f"{later} | "
+                f"{r['inserted_rows']:,} rows in {r['insert_s']:.1f} s |")
+        ok = {n: rr["runs"][str(n)].get("cleanup", {}).get("probe_values_ok") for n in sizes}
+        lines += ["", "Rounds (s): " + "; ".join(
+            f"{n:,}: " + ", ".join(f"{v:.2f}" for v in rr["runs"][str(n)]["all"])
+            for n in sizes) + ". Probed counters continued from the savepoint's values "
+            "(not the abandoned ones) in the full run: " + ", ".join(
+            f"{n:,}: {'yes' if ok[n] else 'NO'}" for n in sizes)
+            + f". Part took {rr.get('elapsed_s', 0) / 60:.1f} min.", ""]
     return "\n".join(lines)
 
 
@@ -499,7 +1025,7 @@ def chart(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(3, 2, figsize=(13, 13.5))
     ax = axes[0][0]
     tp = results.get("throughput")
     if tp:
@@ -562,18 +1088,79 @@ def chart(results: dict, path: Path) -> None:
         ax.set_ylim(0, max(values) * 1.2)
         ax.set_ylabel("reads/s (one connection)")
     ax.set_title("4. Committed-state SQL reads on MariaDB")
+    restore_rows_panels(results.get("restore_rows"), axes[2][0], axes[2][1])
     fig.suptitle("pyflink-ndb vs Flink state backends (one run, same machine)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def restore_rows_panels(rr: dict | None, ax: Any, ax2: Any) -> None:
+    """Panels 5 (restore time versus state-table rows) and 6 (rows deleted)."""
+    ax.set_title("5. Restore time versus state-table rows (lower is better)")
+    ax2.set_title("6. Abandoned-epoch rows: restore path versus later cleanup")
+    if not rr:
+        return
+    sizes = sorted(int(n) for n in rr["runs"])
+    runs = [rr["runs"][str(n)] for n in sizes]
+    color = COLORS["ndb-mariadb"]
+    secs = [r["first_record_s"] for r in runs]
+    ax.plot(sizes, secs, "o-", color=color, label="submit → first record (median)")
+    for n, r in zip(sizes, runs, strict=True):
+        ax.plot([n] * len(r["all"]), r["all"], ".", color=color, alpha=0.4)
+        ax.annotate(f"{r['first_record_s']:.2f} s ({r['ratio_to_smallest']:.2f}×)",
+                    (n, r["first_record_s"]), textcoords="offset points", xytext=(-20, 10),
+                    fontsize=8, color=color)
+    for key, label, style, c in (
+            ("claimed_s", "submit → key groups claimed (pyflink-ndb restore done)", "s--",
+             "#8172b3"),
+            ("received_s", "submit → job graph at the dispatcher (client, MiniCluster)", "^:",
+             "#937860"),
+            ("in_cluster_s", "job graph at the dispatcher → first record (on the cluster)",
+             "v-.", "#4c72b0")):
+        points = [(n, r[key]) for n, r in zip(sizes, runs, strict=True)
+                  if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points, strict=True), style, color=c, label=label)
+    ax.set_xscale("log")
+    ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
+    ax.minorticks_off()
+    ax.margins(x=0.15)
+    ax.set_ylim(0, max(v for r in runs for v in r["all"]) * 1.7)
+    ax.set_xlabel("rows in the state table (half of them an abandoned epoch)")
+    ax.set_ylabel("seconds (lower is better)")
+    ax.legend(fontsize=7, loc="upper left")
+    width = 0.27
+    series = [("abandoned-epoch rows (a format-1 restore deleted them first)",
+               [r["table"]["abandoned"] for r in runs], "#bbbbbb"),
+              ("rows this restore deleted before the first record",
+               [r["deleted_before_first"] for r in runs], color),
+              ("abandoned rows left after a later full run (background cleanup)",
+               [r.get("cleanup", {}).get("census", {}).get("abandoned", 0) for r in runs],
+               "#55a868")]
+    for i, (label, values, c) in enumerate(series):
+        bars = ax2.bar(np.arange(len(sizes)) + (i - 1) * width, values, width, label=label,
+                       color=c)
+        ax2.bar_label(bars, fmt="{:,.0f}", fontsize=7)
+    ax2.set_yscale("symlog", linthresh=1)
+    ax2.set_ylim(0, max(r["table"]["total"] for r in runs) * 8)
+    ax2.set_xticks(range(len(sizes)), [f"{n:,} rows" for n in sizes])
+    ax2.set_xlabel("rows in the state table")
+    ax2.set_ylabel("state rows (symlog; lower is better)")
+    ax2.legend(fontsize=7, loc="upper left")
+
+
 def git_commit() -> str:
+    """HEAD's short hash, `+changes` when the package or the bridge differ from it."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                               capture_output=True, check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "pyflink_ndb",
+                                  "java-bridge"], cwd=ROOT, text=True, capture_output=True,
+                                 check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return head + (" +changes in pyflink_ndb/java-bridge" if changed else "")
 
 
 @click.command()
@@ -584,12 +1171,13 @@ def git_commit() -> str:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=ROOT / "bench" / "results", show_default=True)
 @click.option("--only", multiple=True,
-              type=click.Choice(["throughput", "recovery", "snapshot", "sql"]),
+              type=click.Choice(["throughput", "recovery", "snapshot", "sql",
+                                 "restore-rows"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run.")
 @click.option("--repeat", type=int, default=None,
-              help="Rounds of the throughput and recovery jobs, median reported "
-                   "(default: 3, --quick: 1).")
+              help="Rounds of the throughput, recovery and restore-rows jobs, median "
+                   "reported (default: 3, --quick: 1).")
 @click.option("--replot", is_flag=True,
               help="Only redraw summary.md and bench.png from OUT/results.json.")
 def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
@@ -602,9 +1190,13 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         chart(saved["results"], out_dir / "bench.png")
         click.echo((out_dir / "summary.md").read_text())
         return
-    parts = set(only or ("throughput", "recovery", "snapshot", "sql"))
+    parts = set(only or ("throughput", "recovery", "snapshot", "sql", "restore-rows"))
     rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
+    # This process's Flink log (read for the restore timeline), apart from the shared default
+    # one that every PyFlink process of the virtualenv truncates when it starts.
+    os.environ.setdefault("FLINK_LOG_DIR", str(WORK / "flink-log"))
+    Path(os.environ["FLINK_LOG_DIR"]).mkdir(parents=True, exist_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     mysql_connection(mysql_url).close()
     meta = {"quick": quick, "rounds": rounds, "when": time.strftime("%Y-%m-%d %H:%M"),
@@ -627,6 +1219,10 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     if "sql" in parts:
         results["sql"] = bench_sql_reads(mysql_url, 1_000 if quick else 5_000,
                                          20 if quick else 100)
+    if "restore-rows" in parts:
+        results["restore_rows"] = bench_restore_rows(
+            [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000], mysql_url,
+            parallelism, rounds)
     meta["elapsed_s"] = time.monotonic() - started
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results},
                                                      indent=2))

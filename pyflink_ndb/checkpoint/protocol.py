@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,9 @@ FINAL_EPOCH = 1
 CLEANUP_STATEMENTS_PER_CHECKPOINT = 64
 #: Rows of the parent attempt's versions adopted for garbage collection per checkpoint.
 ADOPT_ROWS_PER_CHECKPOINT = 5_000
+#: Seconds that cleanup and adoption may spend per completed checkpoint (they run on the
+#: task thread, in notifyCheckpointComplete).
+BACKGROUND_SECONDS_PER_CHECKPOINT = 0.25
 
 
 @dataclass(frozen=True)
@@ -460,11 +464,12 @@ class CheckpointProtocol:
         adopted = 0
         state_ids = self.store.state_ids(self.scope.operator)
         limit = min(self.store.write_batch_rows * 2, budget)
+        deadline = time.monotonic() + BACKGROUND_SECONDS_PER_CHECKPOINT
         for (a, b, lo, hi), cursors in list(self._adopt.items()):
             for sid in state_ids:
                 if (a, b, lo, hi, sid) in self._adopted_done:
                     continue
-                while adopted < budget:
+                while adopted < budget and time.monotonic() < deadline:
                     rows = self.store.scan_entries(sid, a, b, lo, hi, cursors.get(sid), limit)
                     for _, kg, ukey in rows:
                         self.ledger.pending.add((kg, sid, ukey))
@@ -473,7 +478,7 @@ class CheckpointProtocol:
                         self._adopted_done.add((a, b, lo, hi, sid))
                         break
                     cursors[sid] = rows[-1]
-                if adopted >= budget:
+                if adopted >= budget or time.monotonic() >= deadline:
                     return adopted
             if all((a, b, lo, hi, sid) in self._adopted_done for sid in state_ids):
                 del self._adopt[(a, b, lo, hi)]
@@ -509,13 +514,14 @@ class CheckpointProtocol:
         upper = own_range(self.branch)[1]
         state_ids = self.store.state_ids(self.scope.operator)
         removed = 0
+        deadline = time.monotonic() + BACKGROUND_SECONDS_PER_CHECKPOINT
         for kg_start, kg_end, views in self._uniform_intervals(protected):
             gaps = complement([r for view in views for r in view], 0, upper)
             for sid in state_ids:
                 done = self._cleaned.get((kg_start, kg_end, sid), ())
                 for lo, hi in subtract(gaps, done):
                     while True:  # the same gap again while a statement deletes its limit
-                        if budget <= 0:
+                        if budget <= 0 or time.monotonic() > deadline:
                             self.cleanup_rows += removed
                             return removed
                         budget -= 1

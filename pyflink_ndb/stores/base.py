@@ -246,6 +246,12 @@ class StateStore(ABC):
         cur = self._execute(f"DELETE FROM {table} WHERE {where} LIMIT {int(limit)}", params)
         return max(cur.rowcount, 0)
 
+    def _cleanup_index(self) -> str:
+        """The hint (after the table name) that makes a statement over a version range of
+        one state use the `(state_id, version, key_group)` index: MariaDB otherwise
+        range-scans the primary key over the key groups and rescans what it passed."""
+        return ""
+
     def _is_transient(self, err: BaseException) -> bool:
         """True for faults worth retrying on a fresh connection."""
         return False
@@ -627,9 +633,9 @@ class StateStore(ABC):
             where += (" AND (version > ? OR (version = ? AND (key_group > ? OR (key_group = ? "
                       "AND ukey > ?))))")
             params += [after[0], after[0], after[1], after[1], after[2]]
-        rows = self._read("scan entries", f"SELECT version, key_group, ukey FROM {self.t_state} "
-                          f"WHERE {where} ORDER BY version, key_group, ukey LIMIT ?",
-                          [*params, limit])
+        rows = self._read("scan entries", f"SELECT version, key_group, ukey FROM {self.t_state}"
+                          f"{self._cleanup_index()} WHERE {where} ORDER BY version, key_group, "
+                          "ukey LIMIT ?", [*params, limit])
         return [(int(v), int(kg), bytes(u)) for v, kg, u in rows]
 
     # -- writes ---------------------------------------------------------------------------
@@ -740,11 +746,24 @@ class StateStore(ABC):
                      hi: int, limit: int) -> int:
         """Delete at most `limit` rows of one state in key groups `kg_start..kg_end` with
         `lo <= version <= hi` (background cleanup of abandoned versions), fenced; returns
-        rows deleted. The `(state_id, version, key_group)` index makes it touch only the
-        rows of that version range."""
-        return self._txn("clean up", lambda: self._delete_limited(
-            self.t_state, "state_id = ? AND version BETWEEN ? AND ? AND key_group BETWEEN ? "
-            "AND ?", (state_id, lo, hi, kg_start, kg_end), limit), fence)
+        rows deleted. The rows are found through the `(state_id, version, key_group)`
+        index (so a statement touches only rows of that version range) and deleted by
+        primary key."""
+        def unit() -> int:
+            rows = self._query(
+                f"SELECT key_group, state_id, ukey, version, chunk FROM {self.t_state}"
+                f"{self._cleanup_index()} WHERE state_id = ? AND version BETWEEN ? AND ? "
+                "AND key_group BETWEEN ? AND ? LIMIT ?",
+                (state_id, lo, hi, kg_start, kg_end, limit))
+            deleted = 0
+            for start in range(0, len(rows), self.max_or_terms):
+                part = rows[start:start + self.max_or_terms]
+                clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND "
+                                     "version = ? AND chunk = ?)" for _ in part)
+                deleted += max(self._execute(f"DELETE FROM {self.t_state} WHERE {clause}",
+                                             [v for r in part for v in r]).rowcount, 0)
+            return deleted
+        return self._txn("clean up", unit, fence)
 
     def delete_expired(self, fence: Fence, state_ids: Sequence[int], kg_start: int,
                        kg_end: int, ranges: Ranges, now: int) -> int:

@@ -277,6 +277,9 @@ class MysqlStateStore(StateStore):
     def _ddl(self) -> list[str]:
         return mysql_ddl(self, ndb=self.engine == "NDBCLUSTER")
 
+    def _cleanup_index(self) -> str:
+        return " FORCE INDEX (ix_cleanup)"
+
     def _translate_error(self, err: Exception) -> Exception | None:
         if not isinstance(err, pymysql.err.MySQLError):
             return None

@@ -71,6 +71,9 @@ class SqliteStateStore(StateStore):
             f"LIMIT {int(limit)})", params)
         return max(cur.rowcount, 0)
 
+    def _cleanup_index(self) -> str:
+        return f" INDEXED BY {self.t_state}_cleanup"
+
     def _table_exists(self, table: str) -> bool:
         return bool(self._read("inspect tables", "SELECT 1 FROM sqlite_master WHERE "
                                "type = 'table' AND name = ?", (table,)))
