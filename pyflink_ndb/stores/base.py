@@ -722,10 +722,12 @@ class StateStore(ABC):
 
     def delete_exact(self, fence: Fence, deletions: Sequence[Any]) -> int:
         """Delete whole versions: each deletion names (key_group, state_id, ukey, version);
-        statements of `write.batch-size` versions and at most :attr:`delete_limit_rows`
-        rows (chunks), each its own fenced transaction."""
-        total = 0
+        statements of at most `write.batch-size` (and :attr:`max_or_terms`) versions and
+        :attr:`delete_limit_rows` rows (chunks), fenced. With `commit_each_batch` each
+        statement is its own transaction (NDB); otherwise all go in one (SQLite, where
+        every commit costs milliseconds)."""
         step = min(self.write_batch_rows, self.max_or_terms)
+        statements = []
         for start in range(0, len(deletions), step):
             part = deletions[start:start + step]
             clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND "
@@ -733,13 +735,27 @@ class StateStore(ABC):
             params: list[Any] = []
             for d in part:
                 params += [d.key_group, d.state_id, d.ukey, d.version]
-            while True:
-                def delete(c: str = clause, p: list[Any] = params) -> int:
-                    return self._delete_limited(self.t_state, c, p, self.delete_limit_rows)
-                n = self._txn("delete versions", delete, fence)
-                total += n
-                if n < self.delete_limit_rows:
-                    break
+            statements.append((clause, params))
+
+        def run(todo: Sequence[tuple[str, list[Any]]]) -> int:
+            total = 0
+            for clause, params in todo:
+                while True:
+                    n = self._delete_limited(self.t_state, clause, params,
+                                             self.delete_limit_rows)
+                    total += n
+                    if n < self.delete_limit_rows:
+                        break
+            return total
+        if not statements:
+            return 0
+        if not self.commit_each_batch:
+            return self._txn("delete versions", lambda: run(statements), fence)
+        total = 0
+        for statement in statements:
+            def one(st: tuple[str, list[Any]] = statement) -> int:
+                return run([st])
+            total += self._txn("delete versions", one, fence)
         return total
 
     def delete_range(self, fence: Fence, state_id: int, kg_start: int, kg_end: int, lo: int,
