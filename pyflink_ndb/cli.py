@@ -53,10 +53,27 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
                 raise click.ClickException("--sql needs --operator: each operator's "
                                            "committed checkpoint is its own.")
             sql, params = store.committed_sql(operator)
-            click.echo(sql)
+            click.echo(store._sql(sql))
             click.echo("-- parameters: " + json.dumps(params, default=repr))
             return
-        ops = [operator] if operator is not None else [o.operator for o in store.operators()]
+        if limit < 0:
+            raise click.ClickException(f"--limit must be 0 (all) or more, not {limit}.")
+        known = {o.operator: o for o in store.operators()}
+        if operator is not None and operator not in known:
+            raise click.ClickException(
+                f"Namespace {namespace!r} has no operator {operator!r}; its operators: "
+                f"{', '.join(sorted(known)) or 'none'}.")
+        ops = [operator] if operator is not None else sorted(known)
+        if state_name is not None:
+            names = {r["state_name"] for op in ops for r in store.catalog(op)}
+            if state_name not in names:
+                raise click.ClickException(
+                    f"No state {state_name!r} in operator(s) {', '.join(ops) or 'none'}; "
+                    f"states: {', '.join(sorted(names)) or 'none'}.")
+        for op in ops:
+            if known[op].committed is None:
+                click.echo(f"-- operator {op!r} has no completed checkpoint yet (readers see "
+                           "checkpoints, not savepoints)", err=True)
         printed = 0
         for op in ops:
             page = min(limit, 1000) if limit else 1000
@@ -89,13 +106,21 @@ def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
         owners = {br for _, _, br in row.owners} if row is not None else set()
         committed = set() if row is None or row.committed is None else {
             (t.branch, t.epoch) for t in row.committed.parts}
-        found = [r for r in store.list_snapshots(operator) if r.epoch == checkpoint_id
+        if row is None:
+            known = sorted(o.operator for o in store.operators())
+            raise click.ClickException(
+                f"Namespace {namespace!r} has no operator {operator!r}; its operators: "
+                f"{', '.join(known) or 'none'}.")
+        snapshots = store.list_snapshots(operator)
+        found = [r for r in snapshots if r.epoch == checkpoint_id
                  and (not branches or r.branch in branches) and (job is None or r.job_id == job)]
         if not found:
-            listed = sorted({r.epoch for r in store.list_snapshots(operator)})
+            listing = "; ".join(f"{r.kind} {r.epoch} ({r.status}, job {r.job_id}, --branch "
+                                f"{r.branch})" for r in snapshots)
             raise click.ClickException(
-                f"Operator {operator!r} has no snapshot {checkpoint_id} matching the filters; "
-                f"its snapshots: {listed or 'none'}.")
+                f"Operator {operator!r} has no snapshot {checkpoint_id}"
+                + (" with that --job/--branch" if branches or job else "")
+                + f"; its restorable snapshots: {listing or 'none'}.")
         by_job: dict[str, list[int]] = {}
         for r in found:
             by_job.setdefault(r.job_id, []).append(r.branch)
@@ -106,12 +131,14 @@ def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
                 + "; ".join(f"job {j}: --branch {' --branch '.join(map(str, bs))}"
                             for j, bs in sorted(by_job.items()))
                 + ". Name one with --job or --branch.")
-        keep = [r for r in found if (r.branch, r.epoch) in committed
-                or (r.branch in owners and r.kind != "savepoint")]
-        if keep:
+        if any((r.branch, r.epoch) in committed for r in found):
             raise click.ClickException(
-                f"Snapshot {checkpoint_id} of {operator!r} is a retained checkpoint of the "
-                "job that runs now (or what readers see): Flink subsumes it itself. Only "
+                f"Checkpoint {checkpoint_id} of {operator!r} is what readers see (the latest "
+                "completed checkpoint): a later completed checkpoint frees it.")
+        if any(r.branch in owners and r.kind != "savepoint" for r in found):
+            raise click.ClickException(
+                f"Checkpoint {checkpoint_id} of {operator!r} belongs to the attempts that own "
+                "the operator now: Flink subsumes its own retained checkpoints. Only "
                 "savepoints and checkpoints of jobs that no longer run can be released.")
         removed = store.delete_snapshots(operator, [(r.branch, r.epoch) for r in found])
         kinds = sorted({r.kind for r in found})
@@ -126,8 +153,8 @@ def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
 _release_options = [
     click.option("--operator", required=True),
     click.option("--checkpoint", "checkpoint_id", type=int, required=True,
-                 help="The snapshot's checkpoint id (in its path: savepoint-<job>-<...> or "
-                      "chk-<id>)."),
+                 help="The snapshot's checkpoint id (a retained checkpoint's folder is "
+                      "chk-<id>; a wrong id lists the restorable snapshots with their ids)."),
     click.option("--branch", "branches", type=int, multiple=True,
                  help="Only the subtask snapshots of these branches (repeatable)."),
     click.option("--job", default=None, help="Only the snapshot of this Flink job id."),
@@ -169,8 +196,12 @@ def migrate(url: str, namespace: str) -> None:
     try:
         store.connect()
         if not store._table_exists(store.t_legacy_epochs):
-            raise click.ClickException(f"Namespace {namespace!r} in {store.describe()} holds no "
-                                       "format-1 state: nothing to migrate.")
+            if not store._table_exists(store.t_state):
+                raise click.ClickException(
+                    f"Namespace {namespace!r} in {store.describe()} has no pyflink-ndb "
+                    "tables. Check --url and --namespace.")
+            click.echo(f"namespace {namespace} already holds row format 2: nothing to migrate")
+            return
         counts = run_migration(store)
         store.open(create=False)
         click.echo(f"migrated {namespace}: {counts['operators']} operator(s), {counts['rows']} "

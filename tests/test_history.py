@@ -365,3 +365,27 @@ def test_garbage_collection_of_many_entries_at_once(store, local_dir):
     b.t.checkpoint(6)
     assert store.count_rows() == 1_200  # 5, 6 and the head all see version 5
     assert b.get(7) == 5
+
+
+def test_cli_filters_that_match_nothing_list_what_exists(tmp_path, local_dir):
+    from pyflink_ndb.stores import open_store
+
+    url = f"sqlite:///{tmp_path / 'c.sqlite'}"
+    store = open_store(NdbStateOptions(url=url, namespace="c"))
+    a = Attempt(store, local_dir)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    base = ["--url", url, "--namespace", "c"]
+    runner = CliRunner()
+    out = runner.invoke(cli, ["query", *base, "--operator", "nope"])
+    assert out.exit_code != 0 and "its operators: op" in out.output
+    out = runner.invoke(cli, ["query", *base, "--state", "nope"])
+    assert out.exit_code != 0 and "states: v" in out.output
+    out = runner.invoke(cli, ["query", *base, "--limit", "-1"])
+    assert out.exit_code != 0 and "--limit" in out.output
+    out = runner.invoke(cli, ["release", *base, "--operator", "op", "--checkpoint", "9"])
+    assert out.exit_code != 0 and "checkpoint 1 (completed" in out.output
+    out = runner.invoke(cli, ["release", *base, "--operator", "op", "--checkpoint", "1"])
+    assert out.exit_code != 0 and "what readers see" in out.output
+    out = runner.invoke(cli, ["query", *base, "--sql", "--operator", "op"])
+    assert out.exit_code == 0 and "-- parameters:" in out.output

@@ -88,5 +88,5 @@ def test_format1_is_refused_then_migrated(store_kind, tmp_path, local_dir, reque
     assert value_after(2, 1) == 1  # a checkpoint Flink took with release 1
     assert value_after(3, 1) == 2  # its savepoint
     out = CliRunner().invoke(cli, ["migrate", "--url", url, "--namespace", ns])
-    assert out.exit_code != 0 and "nothing to migrate" in out.output
+    assert out.exit_code == 0 and "nothing to migrate" in out.output
     store.close()
