@@ -21,6 +21,7 @@ from pyflink.datastream import KeyedProcessFunction
 from pyflink_ndb.api.context import TieredRuntimeContext
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.runtime.backend import BindInfo, SubtaskStateBackend
+from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.stores.base import StateStore
 from pyflink_ndb.stores.lineage import Token
 
@@ -36,6 +37,19 @@ class ManualClock:
 
     def advance(self, ms: int) -> None:
         self.now_ms += ms
+
+
+def key_group_ranges(parallelism: int, max_parallelism: int = 128) -> list[tuple[int, int]]:
+    """The key groups (first, last) of each subtask, as Flink's
+    `KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex` computes them."""
+    return [((i * max_parallelism + parallelism - 1) // parallelism,
+             ((i + 1) * max_parallelism - 1) // parallelism) for i in range(parallelism)]
+
+
+def local_key_group(key: Any, max_parallelism: int = 128) -> int:
+    """The key group LocalSubtask gives `key` (CRC32 of its canonical encoding, not
+    Flink's hash: fine for tests of the logic above the bridge)."""
+    return zlib.crc32(encode_key(key)) % max_parallelism
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pyflink_ndb.errors import CheckpointError, FencedError, NamespaceInUseError
 from pyflink_ndb.runtime.bridge import parse_bind_info
 from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.stores.base import StateStore
-from pyflink_ndb.testing import LocalSubtask
+from pyflink_ndb.testing import LocalSubtask, local_key_group
 
 ANY = Types.PICKLED_BYTE_ARRAY()
 
@@ -243,10 +243,7 @@ def test_readers_see_one_checkpoint_while_subtasks_restore(store, local_dir):
     keys = list(range(40))
 
     def owner(key: Any) -> int:
-        import zlib
-
-        from pyflink_ndb.serialization import encode_key
-        return 0 if zlib.crc32(encode_key(key)) % 128 <= 63 else 1
+        return 0 if local_key_group(key) <= 63 else 1
 
     for value in (1, 2):
         for k in keys:

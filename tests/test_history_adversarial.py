@@ -12,7 +12,6 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,22 +30,13 @@ from pyflink.datastream.state import (
 from pyflink_ndb.cli import main as cli
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, FencedError, StaleReadError
-from pyflink_ndb.serialization import encode_key
 from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.stores import StateStore, open_store
 from pyflink_ndb.stores.lineage import Token
-from pyflink_ndb.testing import LocalSubtask, ManualClock
+from pyflink_ndb.testing import LocalSubtask, ManualClock, key_group_ranges
+from pyflink_ndb.testing import local_key_group as key_group_of
 
 ANY = Types.PICKLED_BYTE_ARRAY()
-
-
-def key_group_ranges(parallelism: int, max_parallelism: int = 128) -> list[tuple[int, int]]:
-    return [((i * max_parallelism + parallelism - 1) // parallelism,
-             ((i + 1) * max_parallelism - 1) // parallelism) for i in range(parallelism)]
-
-
-def key_group_of(key: Any, max_parallelism: int = 128) -> int:
-    return zlib.crc32(encode_key(key)) % max_parallelism  # as LocalSubtask computes it
 
 
 class Job:

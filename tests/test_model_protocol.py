@@ -44,7 +44,8 @@ from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.serialization.values import decode_value
 from pyflink_ndb.stores import StateStore, open_store
 from pyflink_ndb.stores.lineage import Token
-from pyflink_ndb.testing import LocalSubtask
+from pyflink_ndb.testing import LocalSubtask, key_group_ranges
+from pyflink_ndb.testing import local_key_group as key_group_of
 
 RETAINED = 3
 KEYS = [0, 1, "k", (2, "t")]
@@ -468,20 +469,6 @@ def test_protocol_model_mysql(mysql_url: str) -> None:
 
 
 # -- rescaling and eager restore ---------------------------------------------------------
-
-def key_group_ranges(parallelism: int, max_parallelism: int = 128) -> list[tuple[int, int]]:
-    """Flink's KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex."""
-    return [((i * max_parallelism + parallelism - 1) // parallelism,
-             ((i + 1) * max_parallelism - 1) // parallelism) for i in range(parallelism)]
-
-
-def key_group_of(key: Any, max_parallelism: int = 128) -> int:
-    import zlib
-
-    from pyflink_ndb.serialization import encode_key
-
-    return zlib.crc32(encode_key(key)) % max_parallelism  # as LocalSubtask computes it
-
 
 class Job:
     """One operator at some parallelism: records go to the subtask owning their key."""
