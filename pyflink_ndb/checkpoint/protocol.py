@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -176,16 +177,14 @@ class CheckpointProtocol:
         if tokens is not None:
             self._check_restorable(mine, snapshots)
             parents = self._load_lineages({t.branch for t in mine})
-            build = lambda b: lineage_from_tokens(  # noqa: E731
-                b, s.key_group_start, s.key_group_end, mine, parents)
-            lineage_json = build(0).to_json()
+            unnamed = lineage_from_tokens(0, s.key_group_start, s.key_group_end, mine, parents)
         else:
-            build = lambda b: fresh_lineage(b, s.key_group_start, s.key_group_end)  # noqa: E731
-            lineage_json = build(0).to_json()
+            unnamed = fresh_lineage(0, s.key_group_start, s.key_group_end)
+        # The stored lineage (what is inherited) does not depend on the branch id.
         self.branch = self.store.allocate_branch(
-            s.operator, s.key_group_start, s.key_group_end, lineage_json, origin, s.job_id,
-            s.subtask_index, s.attempt)
-        self.lineage = build(self.branch)
+            s.operator, s.key_group_start, s.key_group_end, unnamed.to_json(), origin,
+            s.job_id, s.subtask_index, s.attempt)
+        self.lineage = dataclasses.replace(unnamed, branch=self.branch)
         self._lineages[self.branch] = self.lineage
         self.fence = Fence(s.operator, self.branch, s.key_group_start, s.key_group_end)
         before, _ = self.store.claim(
@@ -377,12 +376,7 @@ class CheckpointProtocol:
         rows = [r for r in self.store.list_snapshots(s.operator)
                 if r.kg_end >= s.key_group_start and r.kg_start <= s.key_group_end]
         candidates = [r for r in rows if r.kind != KIND_SAVEPOINT]
-        cuts = {s.key_group_start, s.key_group_end + 1}
-        for seg in self.lineage.segments:
-            cuts.update((seg.kg_start, seg.kg_end + 1))
-        for r in candidates:
-            cuts.update((r.kg_start, r.kg_end + 1))
-        edges = sorted(c for c in cuts if s.key_group_start <= c <= s.key_group_end + 1)
+        edges = self._edges([self.lineage], candidates)
         dropped: dict[tuple[int, int], bool] = {}
         for a in edges[:-1]:
             head = self.lineage.head(a)
@@ -419,7 +413,8 @@ class CheckpointProtocol:
         protected = self.protected_snapshots()
         keep_above = version_of(self.branch, self.latest_completed)
         removed = 0
-        self._adopt_some(ADOPT_ROWS_PER_CHECKPOINT)
+        state_ids = self.store.state_ids(self.scope.operator)
+        self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT)
         pending = sorted(self.ledger.pending)
         unknown = [ref for ref in pending
                    if (e := self.ledger.get(ref)) is None or not e.complete]
@@ -452,17 +447,16 @@ class CheckpointProtocol:
                 removed += self.store.delete_expired(
                     fence, sorted(self._ttl_states), seg.kg_start, seg.kg_end,
                     self.lineage.head(seg.kg_start), self.clock_ms())
-        removed += self.clean_up(protected)
+        removed += self.clean_up(protected, state_ids)
         return removed
 
-    def _adopt_some(self, budget: int) -> int:
+    def _adopt_some(self, state_ids: Sequence[int], budget: int) -> int:
         """Put up to `budget` entries that the parent attempt wrote into the ledger's
         pending set (unknown versions: collect_garbage reads them), so that versions it
         left behind are collected even when nobody writes those entries again."""
         if not self._adopt:
             return 0
         adopted = 0
-        state_ids = self.store.state_ids(self.scope.operator)
         limit = min(self.store.write_batch_rows * 2, budget)
         deadline = time.monotonic() + BACKGROUND_SECONDS_PER_CHECKPOINT
         for (a, b, lo, hi), cursors in list(self._adopt.items()):
@@ -484,24 +478,30 @@ class CheckpointProtocol:
                 del self._adopt[(a, b, lo, hi)]
         return adopted
 
+    def _edges(self, lineages: Sequence[Lineage], rows: Sequence[SnapshotRow]) -> list[int]:
+        """Sorted key groups of this subtask's range where a segment of `lineages` or the
+        range of a snapshot of `rows` starts or ends (exclusive ends): between two edges
+        every key group sees the same."""
+        s = self.scope
+        cuts = {s.key_group_start, s.key_group_end + 1}
+        for lin in lineages:
+            for seg in lin.segments:
+                cuts.update((seg.kg_start, seg.kg_end + 1))
+        for r in rows:
+            cuts.update((r.kg_start, r.kg_end + 1))
+        return sorted(c for c in cuts if s.key_group_start <= c <= s.key_group_end + 1)
+
     def _uniform_intervals(self, protected: Sequence[SnapshotRow]
                            ) -> list[tuple[int, int, list[Ranges]]]:
         """This subtask's key groups cut where any view changes: (kg_start, kg_end,
         views) with the same views for every key group inside."""
         assert self.lineage is not None
-        s = self.scope
         lineages = self._load_lineages({r.branch for r in protected})
-        cuts = {s.key_group_start, s.key_group_end + 1}
-        for lin in [self.lineage, *lineages.values()]:
-            for seg in lin.segments:
-                cuts.update((seg.kg_start, seg.kg_end + 1))
-        for r in protected:
-            cuts.update((r.kg_start, r.kg_end + 1))
-        edges = sorted(c for c in cuts if s.key_group_start <= c <= s.key_group_end + 1)
+        edges = self._edges([self.lineage, *lineages.values()], protected)
         return [(a, b - 1, self._views(a, protected))
                 for a, b in zip(edges, edges[1:], strict=False)]
 
-    def clean_up(self, protected: Sequence[SnapshotRow],
+    def clean_up(self, protected: Sequence[SnapshotRow], state_ids: Sequence[int],
                  budget: int = CLEANUP_STATEMENTS_PER_CHECKPOINT) -> int:
         """Delete, in at most `budget` bounded statements, rows of this operator's states
         in this subtask's key groups that neither this branch nor any protected snapshot
@@ -512,7 +512,6 @@ class CheckpointProtocol:
         fence = self._require_open()
         limit = self.store.delete_limit_rows
         upper = own_range(self.branch)[1]
-        state_ids = self.store.state_ids(self.scope.operator)
         removed = 0
         deadline = time.monotonic() + BACKGROUND_SECONDS_PER_CHECKPOINT
         for kg_start, kg_end, views in self._uniform_intervals(protected):

@@ -878,12 +878,13 @@ class StateStore(ABC):
         if not keys:
             return
 
-        def unit() -> None:
-            for branch, epoch in keys:
-                self._execute(f"UPDATE {self.t_snapshots} SET status = ? WHERE operator = ? "
-                              "AND branch_id = ? AND epoch = ?",
-                              (COMPLETED, operator, branch, epoch))
-        self._txn("mark completed", unit, fence)
+        self._txn("mark completed", lambda: self._set_completed(operator, keys), fence)
+
+    def _set_completed(self, operator: str, keys: Iterable[tuple[int, int]]) -> None:
+        """Inside a transaction: mark snapshots (branch, epoch) completed."""
+        for branch, epoch in keys:
+            self._execute(f"UPDATE {self.t_snapshots} SET status = ? WHERE operator = ? "
+                          "AND branch_id = ? AND epoch = ?", (COMPLETED, operator, branch, epoch))
 
     def _snapshot_rows(self, operator: str | None) -> list[SnapshotRow]:
         sql = (f"SELECT operator, branch_id, epoch, kind, status, kg_start, kg_end, "
@@ -972,10 +973,8 @@ class StateStore(ABC):
             if check is not None:
                 check(self._snapshot_rows(fence.operator))
                 if restored is not None:
-                    for t in restored.parts:
-                        self._execute(f"UPDATE {self.t_snapshots} SET status = ? WHERE "
-                                      "operator = ? AND branch_id = ? AND epoch = ?",
-                                      (COMPLETED, fence.operator, t.branch, t.epoch))
+                    self._set_completed(fence.operator,
+                                        [(t.branch, t.epoch) for t in restored.parts])
             after = claim_owners(before, fence.kg_start, fence.kg_end, fence.branch)
             if reset and not is_current(committed, after):
                 committed = None
