@@ -1,18 +1,41 @@
-"""`pyflink-ndb`: read committed state with SQL while a job runs, manage savepoint pins."""
+"""`pyflink-ndb`: show the state as the job sees it (status, get, scan, query), SQL views
+for any MySQL client, savepoints and their release, dropping and migrating namespaces."""
 
 from __future__ import annotations
 
+import datetime
 import json
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
 
-from pyflink_ndb.config import NdbStateOptions, resolve_sqlite_url
-from pyflink_ndb.errors import NdbStateError
+from pyflink_ndb.config import NdbStateOptions, redact_url, resolve_sqlite_url
+from pyflink_ndb.errors import NdbStateError, StaleReadError
 from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.serialization.values import decode_value
-from pyflink_ndb.stores.base import StateStore
+from pyflink_ndb.stores.base import SnapshotRow, StateStore
 from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.stores.inspect import (
+    KEY_TYPES,
+    Cursor,
+    StateEntry,
+    StateInfo,
+    iter_entries,
+    list_namespaces,
+    parse_key,
+    sample_keys,
+    states_of,
+    storage_by_state,
+    to_jsonable,
+)
+from pyflink_ndb.stores.views import (
+    check_server,
+    create_views,
+    drop_views,
+    view_names,
+    views_sql,
+)
 
 _url = click.option("--url", required=True, envvar="PYFLINK_NDB_URL",
                     help="state.backend.ndb.url, e.g. mysql://root@127.0.0.1:3306/test.")
@@ -29,6 +52,7 @@ def _open(url: str, namespace: str) -> StateStore:
 
 
 @click.group()
+@click.version_option(package_name="pyflink-ndb", prog_name="pyflink-ndb")
 def main() -> None:
     """Inspect the state that pyflink-ndb jobs committed."""
 
@@ -229,6 +253,518 @@ def doctor(url: str | None) -> None:
             click.echo(f"     fix: {check.fix}")
     if failed:
         raise click.ClickException(f"{failed} check(s) failed")
+
+
+
+# -- state as the job sees it -------------------------------------------------------------
+_format = click.option("--format", "fmt", type=click.Choice(["table", "json"]),
+                       default="table", show_default=True,
+                       help="Aligned columns, or one JSON object per line.")
+_key_type = click.option("--key-type", type=click.Choice(KEY_TYPES), default="str",
+                         show_default=True,
+                         help="How to read KEY/--key: a string, an int, a float, or a Python "
+                              "literal (tuples, bytes b'..', None).")
+_STALE_ATTEMPTS = 3
+
+
+def _connect_only(url: str, namespace: str) -> StateStore:
+    """A store connected without checking its tables (status, drop); creates no file."""
+    from pathlib import Path
+
+    from pyflink_ndb.stores.factory import create_store
+
+    try:
+        options = NdbStateOptions(url=resolve_sqlite_url(url), namespace=namespace)
+        if options.url.startswith("sqlite:///"):
+            path = options.url[len("sqlite:///"):]
+            if path != ":memory:" and not Path(path).exists():
+                raise click.ClickException(f"No SQLite store at {path!r}: check --url.")
+        store = create_store(options)
+        store.connect()
+        return store
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+
+
+def _no_namespace(store: StateStore, namespace: str) -> click.ClickException:
+    names = list_namespaces(store)
+    return click.ClickException(
+        f"{store.describe()} has no pyflink-ndb namespace {namespace!r}; its namespaces: "
+        f"{', '.join(names) or 'none'}.")
+
+
+def _operators(store: StateStore, namespace: str, operator: str | None) -> list[str]:
+    """The operators to show: all, or the one named (an error that lists them otherwise)."""
+    known = sorted(o.operator for o in store.operators())
+    if operator is None:
+        return known
+    if operator not in known:
+        raise click.ClickException(
+            f"Namespace {namespace!r} has no operator {operator!r}; its operators: "
+            f"{', '.join(known) or 'none'}.")
+    return [operator]
+
+
+def _states(store: StateStore, ops: Sequence[str], state_name: str | None
+            ) -> dict[str, list[StateInfo]]:
+    """The states to show per operator (an error that lists them when none is named so)."""
+    out = {op: [s for s in states_of(store, op) if state_name in (None, s.name)]
+           for op in ops}
+    if state_name is not None and not any(out.values()):
+        names = sorted({s.name for op in ops for s in states_of(store, op)})
+        raise click.ClickException(
+            f"No state {state_name!r} in operator(s) {', '.join(ops) or 'none'}; states: "
+            f"{', '.join(names) or 'none'}.")
+    return out
+
+
+def _compact(value: Any, width: int) -> str:
+    text = json.dumps(to_jsonable(value), ensure_ascii=False, separators=(",", ":"))
+    return text if width <= 0 or len(text) <= width else text[:max(width - 1, 1)] + "…"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Lines of an aligned table (the last column is not padded)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+            for row in [list(headers), *cells]]
+
+
+def _entry_json(entry: StateEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"operator": entry.operator, "state": entry.state,
+                           "kind": entry.kind, "key": to_jsonable(entry.key),
+                           "value": to_jsonable(entry.value), "checkpoint": entry.checkpoint,
+                           "key_group": entry.key_group}
+    if entry.expires_at_ms is not None:
+        out["expires_at_ms"] = entry.expires_at_ms
+    return out
+
+
+def _when(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%SZ")
+
+
+def _ttl(ttl_ms: int | None) -> str:
+    if ttl_ms is None:
+        return "-"
+    return f"{ttl_ms / 1000:g} s" if ttl_ms < 3_600_000 else f"{ttl_ms / 3_600_000:g} h"
+
+
+def _segments_text(parts: Sequence[Sequence[Any]]) -> str:
+    return ", ".join(f"key groups {a}-{b}: branch {br}" + (f" @{e}" if e is not None else "")
+                     for a, b, br, e in parts)
+
+
+def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int, int]],
+                     owners: set[int]) -> list[dict[str, Any]]:
+    """Restorable snapshots grouped per (kind, checkpoint, job): what `release` takes."""
+    groups: dict[tuple[str, int, str], list[SnapshotRow]] = {}
+    for r in snapshots:
+        groups.setdefault((r.kind, r.epoch, r.job_id), []).append(r)
+    out = []
+    for (kind, epoch, job), rows in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0])):
+        keys = {(r.branch, r.epoch) for r in rows}
+        if keys & committed:
+            note = "readers see it"
+        elif any(r.status != "completed" for r in rows):
+            note = "pending (not completed)"
+        elif kind == "savepoint":
+            note = "pinned until released"
+        elif any(r.branch in owners for r in rows):
+            note = "retained by the running job"
+        else:
+            note = "side snapshot (releasable)"
+        out.append({"kind": kind, "checkpoint": epoch, "job": job,
+                    "status": "/".join(sorted({r.status for r in rows})),
+                    "subtasks": len(rows), "branches": sorted({r.branch for r in rows}),
+                    "key_groups": sorted([r.kg_start, r.kg_end] for r in rows),
+                    "created": _when(min(r.created_ms for r in rows)), "note": note})
+    return out
+
+
+def _namespace_status(url: str, namespace: str) -> dict[str, Any]:
+    store = _open(url, namespace)
+    try:
+        stats = storage_by_state(store)
+        operators = []
+        for row in store.operators():
+            committed = [] if row.committed is None else [
+                [t.kg_start, t.kg_end, t.branch, t.epoch] for t in row.committed.parts]
+            states = []
+            for info in states_of(store, row.operator):
+                st = stats.get(info.state_id)
+                spread = None if st is None else st.spread()
+                states.append({
+                    "name": info.name, "kind": info.kind, "ttl_ms": info.ttl_ms,
+                    "rows": 0 if st is None else st.rows,
+                    "bytes": 0 if st is None else st.bytes,
+                    "key_groups": 0 if st is None else st.key_groups,
+                    "rows_per_key_group": None if spread is None else dict(
+                        zip(("min", "median", "max"), spread, strict=True))})
+            snapshots = store.list_snapshots(row.operator)
+            operators.append({
+                "operator": row.operator,
+                "committed_checkpoint": None if row.committed is None
+                else row.committed.checkpoint_id,
+                "committed": committed,
+                "owners": [list(o) for o in row.owners],
+                "states": states,
+                "snapshots": _snapshot_groups(
+                    snapshots, {(c[2], c[3]) for c in committed},
+                    {br for _, _, br in row.owners})})
+        return {"namespace": namespace, "store": store.describe(), "operators": operators}
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    click.echo(f"namespace {doc['namespace']}  ({doc['store']})")
+    if not doc["operators"]:
+        click.echo("  no operator yet")
+    for op in doc["operators"]:
+        click.echo(f"  operator {op['operator']}")
+        if op["committed_checkpoint"] is None:
+            click.echo("    readers see:  nothing yet (no completed checkpoint)")
+        else:
+            click.echo(f"    readers see:  checkpoint {op['committed_checkpoint']} "
+                       f"({_segments_text(op['committed'])})")
+        click.echo("    owners:       " + (_segments_text([[*o, None] for o in op["owners"]])
+                                           or "none"))
+        click.echo("    states:")
+        rows = []
+        for st in op["states"]:
+            spread = st["rows_per_key_group"]
+            rows.append([st["name"], st["kind"], _ttl(st["ttl_ms"]), f"{st['rows']:,}",
+                         f"{st['bytes']:,}", st["key_groups"],
+                         "-" if spread is None else
+                         f"{spread['min']}/{spread['median']}/{spread['max']}"])
+        for line in _table(["STATE", "KIND", "TTL", "ROWS", "BYTES", "KEY GROUPS",
+                            "ROWS PER KEY GROUP (min/median/max)"], rows):
+            click.echo("      " + line)
+        click.echo("    restorable snapshots:" + ("" if op["snapshots"] else " none"))
+        if op["snapshots"]:
+            for line in _table(
+                    ["KIND", "CHECKPOINT", "STATUS", "SUBTASKS", "BRANCHES", "JOB", "CREATED",
+                     "NOTE"],
+                    [[s["kind"], s["checkpoint"], s["status"], s["subtasks"],
+                      ",".join(map(str, s["branches"])), s["job"], s["created"], s["note"]]
+                     for s in op["snapshots"]]):
+                click.echo("      " + line)
+
+
+@main.command()
+@_url
+@click.option("--namespace", default=None,
+              help="Namespace to show (default: every namespace in the database).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of text.")
+def status(url: str, namespace: str | None, as_json: bool) -> None:
+    """Show namespaces, operators, states (kind, TTL, stored rows and bytes, spread over key
+    groups), what readers see (the latest completed checkpoint) and the restorable
+    checkpoints and savepoints.
+
+    Row and byte counts are of the stored rows: every version garbage collection keeps
+    (docs/protocol.md) and every chunk; counting them reads the whole state table once.
+    """
+    probe = _connect_only(url, namespace or "default")
+    try:
+        names = list_namespaces(probe)
+        if namespace is not None and namespace not in names:
+            raise _no_namespace(probe, namespace)
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        probe.close()
+    docs = []
+    for name in [namespace] if namespace is not None else names:
+        try:
+            docs.append(_namespace_status(url, name))
+        except click.ClickException as err:
+            if namespace is not None:
+                raise
+            docs.append({"namespace": name, "store": "", "operators": [],
+                         "error": err.message})
+    if as_json:
+        click.echo(json.dumps(docs if namespace is None else docs[0], indent=2))
+        return
+    if not docs:
+        click.echo("no pyflink-ndb namespace in this database")
+    for doc in docs:
+        if "error" in doc:
+            click.echo(f"namespace {doc['namespace']}: {doc['error']}")
+        else:
+            _print_status(doc)
+
+
+def _read_entries(store: StateStore, states: dict[str, list[StateInfo]], *, key: Any = None,
+                  key_given: bool = False, after: Cursor | None = None,
+                  limit: int | None = None) -> Iterator[StateEntry]:
+    """Entries of every operator in turn (after the cursor's position)."""
+    for op in sorted(states):
+        if after is not None and op < after.operator:
+            continue
+        start = after if after is not None and after.operator == op else None
+        yield from iter_entries(store, op, states[op], key=key, key_given=key_given,
+                                after=start, limit=limit)
+
+
+@main.command()
+@_url
+@_namespace
+@click.option("--operator", required=True, help="Operator uid.")
+@click.option("--state", "state_name", required=True, help="State name.")
+@_key_type
+@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json",
+              show_default=True)
+@click.argument("key")
+def get(url: str, namespace: str, operator: str, state_name: str, key_type: str, fmt: str,
+        key: str) -> None:
+    """Print one key's committed value, as the state API returns it (a ListState's list,
+    a MapState's mapping; values of any size; TTL-expired: absent)."""
+    store = _open(url, namespace)
+    try:
+        states = _states(store, _operators(store, namespace, operator), state_name)
+        wanted = parse_key(key, key_type)
+        for attempt in range(_STALE_ATTEMPTS):
+            try:
+                found = next(iter(_read_entries(store, states, key=wanted, key_given=True,
+                                                limit=1)), None)
+                break
+            except StaleReadError:
+                if attempt == _STALE_ATTEMPTS - 1:
+                    raise
+        if found is None:
+            sample = sample_keys(store, operator, states[operator])
+            hint = "" if key_type != "str" else " (a key that is not a string needs --key-type)"
+            raise click.ClickException(
+                f"State {state_name!r} of operator {operator!r} has no committed key "
+                f"{wanted!r}{hint}; some of its keys: "
+                f"{', '.join(_compact(k, 40) for k in sample) or 'none'} "
+                "(pyflink-ndb scan lists them).")
+        doc = _entry_json(found)
+        if fmt == "json":
+            click.echo(json.dumps(doc, ensure_ascii=False))
+        else:
+            for line in _table(["FIELD", "VALUE"], [[k, _compact(v, 0) if k in (
+                    "key", "value") else v] for k, v in doc.items()]):
+                click.echo(line)
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
+@main.command()
+@_url
+@_namespace
+@click.option("--operator", default=None, help="Operator uid (default: all).")
+@click.option("--state", "state_name", default=None, help="State name (default: all).")
+@click.option("--key", "key_text", default=None, help="Only this Flink key.")
+@click.option("--prefix", default=None,
+              help="Only keys whose text starts with this (a string key itself, other keys "
+                   "their JSON); filtered here, so it reads past what it skips.")
+@_key_type
+@click.option("--limit", default=20, show_default=True,
+              help="Entries to print (0: all); without --prefix only what is printed is read.")
+@click.option("--after", default=None,
+              help="Continue after this position (printed at the end of a full page).")
+@_format
+@click.option("--width", default=60, show_default=True,
+              help="Longest value text in the table (0: no limit).")
+def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
+         key_text: str | None, prefix: str | None, key_type: str, limit: int,
+         after: str | None, fmt: str, width: int) -> None:
+    """Print committed entries page by page, one per state and key, decoded as the state API
+    returns them (a ListState's list, a MapState's mapping, TTL-expired entries hidden)."""
+    if key_text is not None and prefix is not None:
+        raise click.ClickException("Give --key or --prefix, not both.")
+    if limit < 0:
+        raise click.ClickException(f"--limit must be 0 (all) or more, not {limit}.")
+    store = _open(url, namespace)
+    try:
+        states = _states(store, _operators(store, namespace, operator), state_name)
+        cursor = None if after is None else Cursor.from_token(after)
+        key = None if key_text is None else parse_key(key_text, key_type)
+
+        def matches(entry: StateEntry) -> bool:
+            if prefix is None:
+                return True
+            text = entry.key if isinstance(entry.key, str) else json.dumps(
+                to_jsonable(entry.key), ensure_ascii=False)
+            return text.startswith(prefix)
+
+        entries = _read_entries(store, states, key=key, key_given=key_text is not None,
+                                after=cursor, limit=None if prefix or not limit else limit)
+        printed = 0
+        last: StateEntry | None = None
+        buffered: list[StateEntry] = []
+        headers = ["OPERATOR", "STATE", "KIND", "KEY", "VALUE", "CHECKPOINT"]
+
+        def flush(first: bool) -> None:
+            lines = _table(headers, [[e.operator, e.state, e.kind, _compact(e.key, 40),
+                                      _compact(e.value, width), e.checkpoint]
+                                     for e in buffered])
+            for line in lines if first else lines[1:]:
+                click.echo(line)
+            buffered.clear()
+
+        pages = 0
+        for entry in entries:
+            if not matches(entry):
+                continue
+            if fmt == "json":
+                click.echo(json.dumps(_entry_json(entry), ensure_ascii=False))
+            else:
+                buffered.append(entry)
+                if len(buffered) >= 100:
+                    flush(pages == 0)
+                    pages += 1
+            printed += 1
+            last = entry
+            if limit and printed >= limit:
+                break
+        if buffered:
+            flush(pages == 0)
+        if printed == 0 and (key_text is not None or prefix is not None):
+            sample = [k for op in sorted(states)
+                      for k in sample_keys(store, op, states[op])][:10]
+            what = f"key {key!r}" if key_text is not None else f"keys starting with {prefix!r}"
+            hint = ("" if key_text is None or key_type != "str"
+                    else " (a key that is not a string needs --key-type)")
+            raise click.ClickException(
+                f"No committed entry with {what}{hint}; some keys: "
+                f"{', '.join(_compact(k, 40) for k in sample) or 'none'}.")
+        click.echo(f"-- {printed} entries from {store.describe()}", err=True)
+        if limit and printed >= limit and last is not None:
+            click.echo(f"-- next page: --after {last.cursor.to_token()}", err=True)
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
+@main.command()
+@_url
+@_namespace
+@click.option("--operator", default=None, help="Operator uid (default: all).")
+@click.option("--all", "show_all", is_flag=True,
+              help="Every restorable snapshot (retained and side checkpoints too).")
+@_format
+def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
+               fmt: str) -> None:
+    """List the savepoints (pinned until released) of each operator; `pyflink-ndb release`
+    releases one."""
+    store = _open(url, namespace)
+    try:
+        ops = _operators(store, namespace, operator)
+        rows = []
+        for op in ops:
+            row = store.read_operator(op)
+            committed = set() if row is None or row.committed is None else {
+                (t.branch, t.epoch) for t in row.committed.parts}
+            owners = set() if row is None else {br for _, _, br in row.owners}
+            for group in _snapshot_groups(store.list_snapshots(op), committed, owners):
+                if show_all or group["kind"] == "savepoint":
+                    rows.append({"operator": op, **group})
+        if fmt == "json":
+            for r in rows:
+                click.echo(json.dumps(r))
+        elif rows:
+            for line in _table(
+                    ["OPERATOR", "KIND", "CHECKPOINT", "STATUS", "SUBTASKS", "BRANCHES", "JOB",
+                     "CREATED", "NOTE"],
+                    [[r["operator"], r["kind"], r["checkpoint"], r["status"], r["subtasks"],
+                      ",".join(map(str, r["branches"])), r["job"], r["created"], r["note"]]
+                     for r in rows]):
+                click.echo(line)
+        what = "restorable snapshots" if show_all else "savepoints"
+        click.echo(f"-- {len(rows)} {what} in namespace {namespace}", err=True)
+        if rows:
+            click.echo(f"-- release one: pyflink-ndb release --url '{redact_url(url)}' "
+                       f"--namespace {namespace} --operator UID --checkpoint N", err=True)
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
+@main.command()
+@_url
+@click.option("--namespace", required=True, help="The namespace to drop.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (scripts).")
+def drop(url: str, namespace: str, yes: bool) -> None:
+    """Drop a namespace for good: its state, checkpoint history, catalog and views. No
+    job may run on it; every checkpoint and savepoint of it becomes unrestorable."""
+    store = _connect_only(url, namespace)
+    try:
+        if namespace not in list_namespaces(store):
+            raise _no_namespace(store, namespace)
+        summary = ""
+        if store._table_exists(store.t_operators):
+            ops = [o.operator for o in store.operators()]
+            summary = (f": {len(ops)} operator(s) ({', '.join(ops) or 'none'}), "
+                       f"{store.count_rows():,} state rows")
+        where = store.describe()
+        if not yes:
+            click.confirm(f"Drop namespace {namespace!r} in {where}{summary}? Its checkpoints "
+                          "and savepoints become unrestorable", abort=True)
+        dropped_views = drop_views(store)
+        store.drop_tables()
+        click.echo(f"dropped namespace {namespace} in {where}"
+                   + (f" (and views {', '.join(dropped_views)})" if dropped_views else ""))
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
+@main.group("views")
+def views_group() -> None:
+    """SQL views of the committed state that any MySQL client can query while the job runs
+    (MariaDB 10.6+, MySQL 8.0+, RonDB)."""
+
+
+@views_group.command("create")
+@_url
+@_namespace
+@click.option("--print-sql", is_flag=True, help="Print the statements instead of running them.")
+def views_create(url: str, namespace: str, print_sql: bool) -> None:
+    """Create (or replace) `<ns>_committed`: one row per state and key of the latest
+    completed checkpoint (a map state one per map key), values as JSON."""
+    store = _open(url, namespace)
+    try:
+        if print_sql:
+            check_server(store)
+            for statement in views_sql(store):
+                click.echo(statement + ";")
+            return
+        names = create_views(store)
+        click.echo(f"created views {', '.join(names)} in {store.describe()}")
+        click.echo(f"try: SELECT state, key_text, mkey, vjson, checkpoint FROM "
+                   f"{view_names(namespace)[0]} LIMIT 10;")
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
+@views_group.command("drop")
+@_url
+@_namespace
+def views_drop(url: str, namespace: str) -> None:
+    """Drop the namespace's views (its tables stay)."""
+    store = _open(url, namespace)
+    try:
+        names = drop_views(store)
+        click.echo(f"dropped views {', '.join(names)}" if names
+                   else f"namespace {namespace} has no views")
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
 
 
 if __name__ == "__main__":
