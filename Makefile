@@ -16,16 +16,19 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The build requirements of pyproject.toml go in first, so that the editable build (setup.py
+# compiles the bridge jar into the tree when a JDK is there) needs no second environment.
+$(VENV)/.installed: pyproject.toml setup.py
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet 'setuptools>=77' wheel 'apache-flink==1.20.*'
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
 	touch $@
 
 jar: $(JAR)
 
-$(JAR): $(VENV)/.installed $(JAVA_SOURCES) java-bridge/build.sh
+$(JAR): $(JAVA_SOURCES) java-bridge/build.sh | $(VENV)/.installed
 	bash java-bridge/build.sh $(PY) $(JAR)
 
 db:
@@ -62,8 +65,8 @@ bench: venv jar db
 	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS) --mysql-url "$(PYFLINK_NDB_TEST_MYSQL_URL)"
 
 lint: venv
-	$(VENV)/bin/ruff check pyflink_ndb tests jobs bench
+	$(VENV)/bin/ruff check pyflink_ndb tests jobs bench setup.py
 	$(VENV)/bin/mypy pyflink_ndb
 
 clean:
-	rm -rf build var $(JAR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist var $(JAR) .pytest_cache .mypy_cache .ruff_cache

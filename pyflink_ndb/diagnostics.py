@@ -22,9 +22,10 @@ class Check:
 
 
 def _python() -> Check:
-    ok = sys.version_info[:2] == (3, 11)
+    ok = (3, 10) <= sys.version_info[:2] <= (3, 11)
     return Check("python", ok, f"{sys.version.split()[0]} at {sys.executable}",
-                 "use Python 3.11 (apache-flink 1.20 ships wheels for it)")
+                 "use Python 3.11 or 3.10 (pyflink-ndb's requires-python; apache-flink 1.20 "
+                 "ships wheels up to 3.11)")
 
 
 def _flink() -> Check:
@@ -68,9 +69,9 @@ def _path() -> Check:
 
 
 def _jar() -> Check:
-    from pyflink_ndb.api.stream import BRIDGE_JAR
+    from pyflink_ndb.api.stream import BRIDGE_JAR, MISSING_JAR_FIX
 
-    return Check("bridge jar", BRIDGE_JAR.is_file(), str(BRIDGE_JAR), "run `make jar`")
+    return Check("bridge jar", BRIDGE_JAR.is_file(), str(BRIDGE_JAR), MISSING_JAR_FIX)
 
 
 def _store(url: str) -> Check:

@@ -19,7 +19,7 @@
 #          wheel's JVM options, everything bound to localhost; FLINK_CONF_DIR points here.
 #   log/   the JobManager and TaskManager logs (FLINK_LOG_DIR); pid/ their pid files.
 #
-# Environment: VENV (default .venv), CLUSTER_DIR (var/cluster), FLINK_REST_PORT (8081),
+# Environment: VENV (default .venv; a virtualenv the wheel was installed into works too), CLUSTER_DIR (var/cluster), FLINK_REST_PORT (8081),
 # FLINK_RPC_PORT (6123), FLINK_TASK_SLOTS (as in flink-conf/flink-conf.yaml),
 # CLUSTER_TIMEOUT_S (90). A second cluster next to the first needs its own CLUSTER_DIR
 # and ports (the tests use var/cluster-test, 18081 and 16123).
@@ -34,11 +34,16 @@ REST_PORT="${FLINK_REST_PORT:-8081}"
 RPC_PORT="${FLINK_RPC_PORT:-6123}"
 TASK_SLOTS="${FLINK_TASK_SLOTS:-}"
 TIMEOUT_S="${CLUSTER_TIMEOUT_S:-90}"
-BRIDGE_JAR="$ROOT/pyflink_ndb/jars/pyflink-ndb-bridge.jar"
 
 die() { echo "cluster.sh: error: $*" >&2; exit 1; }
 
 [ -x "$PY" ] || die "no virtualenv at $VENV (run \`make venv\`)"
+# The bridge jar of the pyflink_ndb that VENV imports (the checkout's for the editable
+# install of `make venv`, the wheel's for a virtualenv the wheel was installed into).
+BRIDGE_JAR="$("$PY" -I -c 'import importlib.util, os
+spec = importlib.util.find_spec("pyflink_ndb")
+print(os.path.join(list(spec.submodule_search_locations)[0], "jars", "pyflink-ndb-bridge.jar"))' \
+    2>/dev/null)" || BRIDGE_JAR="$ROOT/pyflink_ndb/jars/pyflink-ndb-bridge.jar"
 # Thread mode and the flink scripts (find_flink_home.py) want the virtualenv first on PATH.
 export PATH="$VENV/bin:$PATH"
 FLINK_HOME="$("$PY" -c 'import os, pyflink; print(os.path.dirname(os.path.abspath(pyflink.__file__)))')" \

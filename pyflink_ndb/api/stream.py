@@ -35,21 +35,28 @@ from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.bridge import DEFAULT_URL_KEY, OPERATOR_KEY
 from pyflink_ndb.stores.factory import open_store
 
-#: The bridge jar shipped inside the package (built by `make jar`).
+#: The bridge jar shipped inside the package (the wheel's build step compiles it; in a
+#: checkout `make jar` does).
 BRIDGE_JAR = Path(__file__).resolve().parent.parent / "jars" / "pyflink-ndb-bridge.jar"
 _BRIDGE_PACKAGE = "io.pyflinkndb.bridge"
-
+#: What rebuilds a missing jar, for an installed package and for a checkout.
+MISSING_JAR_FIX = (
+    "Installed from a wheel: reinstall it, `pip install --force-reinstall --no-deps "
+    "pyflink_ndb-<version>-py3-none-any.whl` (`pip wheel --no-deps .` or `python -m build "
+    "--wheel` builds one that carries the jar; building needs a JDK 11 or newer). In a "
+    "checkout of the repository: `make jar` (javac against the jars of the installed "
+    "apache-flink wheel).")
 
 
 def bridge_jar() -> Path:
-    """Path of the bridge jar.
+    """Path of the bridge jar, :data:`BRIDGE_JAR`.
 
-    :raises ConfigurationError: the jar is missing (the message says how to build it).
+    :raises ConfigurationError: the jar is missing; the message names the fix for an
+        installed package (reinstall the wheel) and for a checkout (`make jar`).
     """
     if not BRIDGE_JAR.is_file():
         raise ConfigurationError(
-            f"The pyflink-ndb bridge jar is missing at {BRIDGE_JAR}. Build it with `make jar` "
-            "(javac against the jars of the installed apache-flink wheel).")
+            f"The pyflink-ndb bridge jar is missing at {BRIDGE_JAR}. {MISSING_JAR_FIX}")
     return BRIDGE_JAR
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import ssl
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import pymysql
 
@@ -31,6 +32,7 @@ _ACCESS_DENIED = {1044, 1045, 1698}
 _PACKET_TOO_LARGE = {1153, 1301}
 _UNKNOWN_DATABASE = 1049
 _UNKNOWN_HOST = 2005
+_CR_SSL_CONNECTION_ERROR = 2026
 
 #: Client errors (CR_*) of a connection that failed or died: 2002/2003 cannot connect
 #: (2003 is also what a server restart gives), 2006 server gone away, 2013 lost during a
@@ -118,7 +120,8 @@ def is_transient_error(err: BaseException) -> bool:
     and :class:`ConnectionError`. A :class:`StoreUnavailableError` is transient when its
     `__cause__` is (this package wraps lost connections in it), except
     :class:`~pyflink_ndb.stores.retry.RetriesExhaustedError`: spent retries are final.
-    A 2003 caused by a failed name lookup is not transient (a wrong host).
+    A 2003 caused by a failed name lookup (a wrong host) or by a server certificate that
+    TLS verification refused is not transient.
 
     :param err: any exception.
     """
@@ -132,8 +135,8 @@ def is_transient_error(err: BaseException) -> bool:
         number = err.args[0] if err.args else None
         if not isinstance(number, int):
             return False
-        if number in TRANSIENT_CLIENT_ERRORS:
-            return not isinstance(err.__context__, socket.gaierror)
+        if number in TRANSIENT_CLIENT_ERRORS:  # not a wrong host, not a refused certificate
+            return not isinstance(err.__context__, socket.gaierror | ssl.SSLCertVerificationError)
         if number in TRANSIENT_SERVER_ERRORS:
             return True
         message = err.args[1] if len(err.args) > 1 and isinstance(err.args[1], str) else ""
@@ -142,20 +145,131 @@ def is_transient_error(err: BaseException) -> bool:
     return isinstance(err, TimeoutError | ConnectionError)
 
 
+#: TLS modes of `?ssl_mode=` (the values of the MySQL client's `--ssl-mode`).
+TLS_MODES = ("disabled", "preferred", "required", "verify_ca", "verify_identity")
+#: Query parameters a mysql:// URL may carry (all about TLS).
+URL_PARAMETERS = ("ssl_mode", "ssl_ca", "ssl_cert", "ssl_key")
+
+
 def parse_mysql_url(url: str) -> dict[str, Any]:
-    """Split `mysql://user[:password]@host[:port]/database` into pymysql arguments."""
+    """Split `mysql://user[:password]@host[:port]/database[?ssl_mode=M&ssl_ca=PATH&...]`
+    into pymysql arguments plus the TLS settings.
+
+    The query parameters are TLS settings, named as the MySQL client names them:
+
+    * `ssl_mode`: one of :data:`TLS_MODES`. `disabled`: plain TCP; `preferred` (the default
+      without any `ssl_*` parameter): pymysql's default (PyMySQL 1.2.4 tries TLS without
+      verifying the server and falls back to plain TCP); `required`: TLS or fail, the
+      server's certificate is not verified; `verify_ca` (the default when `ssl_ca` is
+      given): the certificate must be signed by `ssl_ca` (else by the system's CAs);
+      `verify_identity`: also the host name of the URL must match the certificate.
+    * `ssl_ca`: PEM file of the CA that signed the server's certificate.
+    * `ssl_cert`, `ssl_key`: PEM files of a client certificate and its unencrypted private
+      key (both or neither); without `ssl_mode` they imply `required`.
+
+    Paths are read when a connection is made, on the machine that makes it (each
+    TaskManager, and the client when it checks the store).
+
+    :param url: the `state.backend.ndb.url` value.
+    :returns: `host`, `port` (default 3306), `user` (default `root`), `password` (None: no
+        password in the URL), `database`, and `tls`: a dict with `mode` and, when given,
+        `ca`, `cert`, `key` (empty: no `ssl_*` parameter, pymysql's default).
+    :raises ConfigurationError: the URL is not of that form, a query parameter is unknown,
+        repeated or empty, `ssl_mode` is not one of :data:`TLS_MODES`, only one of
+        `ssl_cert` and `ssl_key` is given, or files are given with `ssl_mode=disabled` or
+        `preferred`. The message never shows the password.
+    """
     parsed = urlparse(url)
+    shown = redact_url(url)
     if parsed.scheme != "mysql" or not parsed.hostname or not parsed.path.strip("/"):
         raise ConfigurationError(
-            f"state.backend.ndb.url={redact_url(url)!r} is not of the form "
-            "mysql://user@host:port/database.")
+            f"state.backend.ndb.url={shown!r} is not of the form "
+            "mysql://user@host:port/database[?ssl_mode=...&ssl_ca=...].")
+    try:
+        port = parsed.port or 3306
+    except ValueError as err:
+        raise ConfigurationError(
+            f"state.backend.ndb.url={shown!r} has an invalid port ({err}).") from err
     return {
         "host": parsed.hostname,
-        "port": parsed.port or 3306,
+        "port": port,
         "user": unquote(parsed.username) if parsed.username else "root",
         "password": unquote(parsed.password) if parsed.password else None,
         "database": parsed.path.strip("/"),
+        "tls": _parse_tls(parsed.query, shown),
     }
+
+
+def _parse_tls(query: str, shown: str) -> dict[str, str]:
+    """The TLS settings of a URL's query (see :func:`parse_mysql_url`)."""
+    if not query:
+        return {}
+    try:
+        values = parse_qs(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError as err:
+        raise ConfigurationError(
+            f"state.backend.ndb.url={shown!r} has a malformed query ({err}).") from err
+    unknown = sorted(set(values) - set(URL_PARAMETERS))
+    if unknown:
+        raise ConfigurationError(
+            f"state.backend.ndb.url={shown!r} has unknown parameters {', '.join(unknown)}; "
+            f"known: {', '.join(URL_PARAMETERS)}.")
+    for name, given in values.items():
+        if len(given) != 1 or not given[0].strip():
+            raise ConfigurationError(
+                f"state.backend.ndb.url={shown!r}: give {name} once, with a value.")
+    tls = {name[len("ssl_"):]: given[0] for name, given in values.items()}
+    if ("cert" in tls) != ("key" in tls):
+        raise ConfigurationError(
+            f"state.backend.ndb.url={shown!r}: ssl_cert and ssl_key go together (a client "
+            "certificate and its private key).")
+    files = sorted(f"ssl_{k}" for k in ("ca", "cert", "key") if k in tls)
+    default = "verify_ca" if "ca" in tls else ("required" if files else "preferred")
+    mode = tls.setdefault("mode", default).lower()
+    tls["mode"] = mode
+    if mode not in TLS_MODES:
+        raise ConfigurationError(
+            f"state.backend.ndb.url={shown!r}: ssl_mode={mode!r} is not one of "
+            f"{', '.join(TLS_MODES)}.")
+    if files and mode in ("disabled", "preferred"):
+        raise ConfigurationError(
+            f"state.backend.ndb.url={shown!r}: {', '.join(files)} need ssl_mode=required, "
+            f"verify_ca or verify_identity (got {mode}).")
+    return tls
+
+
+def tls_connect_args(tls: dict[str, str]) -> dict[str, Any]:
+    """pymysql.connect arguments for the TLS settings of :func:`parse_mysql_url`.
+
+    :param tls: the `tls` entry of :func:`parse_mysql_url` (empty: pymysql's default).
+    :returns: `{}` (pymysql's default), `{"ssl_disabled": True}`, or `{"ssl": context}`
+        with an :class:`ssl.SSLContext` whose verification follows the mode (see
+        :func:`parse_mysql_url`).
+    :raises ConfigurationError: a CA, certificate or key file cannot be read or is not PEM
+        (the message names the parameter and the path).
+    """
+    mode = tls.get("mode", "preferred")
+    if mode == "preferred":
+        return {}
+    if mode == "disabled":
+        return {"ssl_disabled": True}
+    name = "ssl_ca"
+    try:
+        context = ssl.create_default_context(cafile=tls.get("ca"))
+        # Python 3.13 turns on strict X.509 checks, which the certificates that MySQL and
+        # RonDB servers generate for themselves fail (pymysql clears the flag too).
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+        context.check_hostname = mode == "verify_identity"
+        context.verify_mode = ssl.CERT_NONE if mode == "required" else ssl.CERT_REQUIRED
+        if "cert" in tls:
+            name = "ssl_cert/ssl_key"
+            context.load_cert_chain(tls["cert"], tls["key"])
+    except (OSError, ssl.SSLError) as err:  # FileNotFoundError, PermissionError, bad PEM
+        paths = tls.get("ca") if name == "ssl_ca" else f"{tls['cert']}, {tls['key']}"
+        raise ConfigurationError(
+            f"Cannot use the TLS file(s) of {name} in state.backend.ndb.url ({paths}): {err}. "
+            "Give PEM files readable on every TaskManager (and on the client).") from err
+    return {"ssl": context}
 
 
 class MysqlStateStore(StateStore):
@@ -169,7 +283,8 @@ class MysqlStateStore(StateStore):
                  write_timeout_s: float = 30.0, retry: RetryPolicy = DEFAULT_RETRY_POLICY) -> None:
         """A store on the server of `url`, not yet connected.
 
-        :param url: `mysql://user[:password]@host[:port]/database`.
+        :param url: `mysql://user[:password]@host[:port]/database`, optionally with TLS
+            parameters `?ssl_mode=...&ssl_ca=...` (see :func:`parse_mysql_url`).
         :param namespace: the table prefix.
         :param write_batch_rows: rows per write batch. Default 500.
         :param user: overrides the URL's user (None: keep it).
@@ -183,7 +298,8 @@ class MysqlStateStore(StateStore):
             `RetryPolicy()`: 10 attempts, 50 ms to 5 s backoff, 90 s deadline), kept as
             :attr:`retry_policy` (applied by the caller with
             :func:`~pyflink_ndb.stores.retry.run_with_retries`).
-        :raises ConfigurationError: the URL is not a mysql:// URL, or a timeout is <= 0.
+        :raises ConfigurationError: the URL is not a valid mysql:// URL (see
+            :func:`parse_mysql_url`), or a timeout is <= 0.
         """
         super().__init__(namespace, write_batch_rows)
         self._args = parse_mysql_url(url)
@@ -213,7 +329,10 @@ class MysqlStateStore(StateStore):
 
     def describe(self) -> str:
         a = self._args
-        return f"mysql://{a['user']}@{a['host']}:{a['port']}/{a['database']} ({self.engine})"
+        mode = a["tls"].get("mode")
+        tls = f", TLS {mode}" if mode and mode != "preferred" else ""
+        return (f"mysql://{a['user']}@{a['host']}:{a['port']}/{a['database']} "
+                f"({self.engine}{tls})")
 
     def _connect(self) -> Any:
         """A new connection with the session settings applied (autocommit, READ COMMITTED)
@@ -223,15 +342,24 @@ class MysqlStateStore(StateStore):
             :func:`is_transient_error` tells a refused connection from a wrong password).
         """
         a = self._args
+        tls = tls_connect_args(a["tls"])
         try:
             conn = pymysql.connect(
                 host=a["host"], port=a["port"], user=a["user"], password=a["password"] or "",
                 database=a["database"], charset="utf8mb4", autocommit=True,
                 binary_prefix=True, connect_timeout=self._connect_timeout_s,
-                read_timeout=self._read_timeout_s, write_timeout=self._write_timeout_s)
+                read_timeout=self._read_timeout_s, write_timeout=self._write_timeout_s, **tls)
         except pymysql.err.OperationalError as err:
             code = err.args[0] if err.args else None
             where = f"{a['host']}:{a['port']}"
+            if code == _CR_SSL_CONNECTION_ERROR or (
+                    tls.get("ssl") and isinstance(err.__context__, ssl.SSLError)):
+                reason = err.__context__ if isinstance(err.__context__, ssl.SSLError) else (
+                    err.args[1] if len(err.args) > 1 else err)
+                raise StoreUnavailableError(
+                    f"TLS with the database at {where} failed (error {code}: {reason}; "
+                    f"ssl_mode={a['tls']['mode']}). Check that the server has TLS on, and "
+                    "ssl_mode, ssl_ca, ssl_cert and ssl_key in state.backend.ndb.url.") from err
             if code == _UNKNOWN_DATABASE:
                 raise StoreUnavailableError(
                     f"The server at {where} has no database {a['database']!r} (error {code}). "
