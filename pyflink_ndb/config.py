@@ -57,6 +57,15 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Rows per write batch when a checkpoint is written: multi-row REPLACE "
                "statements of at most this many rows and 4 MiB, each its own transaction "
                "(NDB fails over-large transactions)."),
+    OptionSpec("write.async", "write_async", True,
+               "Write each checkpoint in Flink's asynchronous phase, from a background "
+               "thread with a connection of its own: the synchronous phase only freezes "
+               "the dirty set. `false`: write it in the synchronous phase (the task waits)."),
+    OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,
+               "Bound (bytes, estimated: values + keys + 120 per entry) of the frozen "
+               "checkpoints not yet written; a checkpoint that would exceed it waits in "
+               "its synchronous phase for earlier ones (back-pressure; nothing is "
+               "dropped). At least 1."),
     OptionSpec("restore.mode", "restore_mode", "lazy",
                "`lazy`: read each key from the store when first needed; `eager`: prefetch the "
                "subtask's key groups into the local tier at open."),
@@ -69,8 +78,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "`state.checkpoints.num-retained`) from the TaskManagers', the job's or the "
                "client's configuration, else 1. Garbage collection keeps one more for readers."),
     OptionSpec("value.max-bytes", "value_max_bytes", 64 * 1024 * 1024,
-               "Largest serialized value (bytes) accepted; larger ones fail before the "
-               "checkpoint writes anything."),
+               "Largest serialized value (bytes) accepted: a larger one fails the state "
+               "update (ValueTooLargeError naming the state and the key); nothing is "
+               "stored."),
     OptionSpec("db.socket-timeout-ms", "db_socket_timeout_ms", 30_000,
                "Longest wait (ms) of one read or write on a database connection (also the "
                "server's greeting); a connection that stops answering fails after it and "
@@ -110,6 +120,8 @@ class NdbStateOptions:
     local_enabled: bool = True
     local_dir: str | None = None
     write_batch_rows: int = 500
+    write_async: bool = True
+    write_max_pending_bytes: int = 256 * 1024 * 1024
     restore_mode: str = "lazy"
     on_fresh_start: str = "fail"
     checkpoints_retained: int | None = None
@@ -131,6 +143,7 @@ class NdbStateOptions:
         _require(self.cache_max_entries >= 1, "cache.max-entries", "at least 1")
         _require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
         _require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
+        _require(self.write_max_pending_bytes >= 1, "write.max-pending-bytes", "at least 1")
         _require(self.restore_mode in ("lazy", "eager"), "restore.mode", "`lazy` or `eager`")
         _require(self.on_fresh_start in ("fail", "resume", "truncate"), "on-fresh-start",
                  "`fail`, `resume` or `truncate`")

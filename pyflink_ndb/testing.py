@@ -108,6 +108,11 @@ class LocalSubtask:
     :param checkpointing_enabled: False makes `finish()` commit a final epoch.
     :param job_id: the Flink job id; None: a new one, i.e. each LocalSubtask is its own job
         (pass the same id to simulate a restart of one job).
+    :param listener: told when each snapshot is durable or failed (as the Java bridge's
+        `DurabilityListener`); None: nobody listens.
+
+    With `write.async` (the default) snapshots are written by a background thread on a
+    second connection; :meth:`snapshot` waits for it unless told otherwise.
     """
 
     def __init__(self, store: StateStore, options: NdbStateOptions | None = None, *,
@@ -118,7 +123,8 @@ class LocalSubtask:
                  restored_epoch_offset: int | None = None,
                  storage: CheckpointStorage | None = None, attempt: int = 0,
                  checkpointing_enabled: bool = True, clock: ManualClock | None = None,
-                 local_dir: str | None = None, job_id: str | None = None) -> None:
+                 local_dir: str | None = None, job_id: str | None = None,
+                 listener: Any = None) -> None:
         self.clock = clock or ManualClock()
         self.storage = storage or checkpoint_storage(store)
         self.operator = operator
@@ -140,7 +146,8 @@ class LocalSubtask:
             checkpointing_enabled=checkpointing_enabled, local_dir=local_dir,
             job_id=job_id or f"local-{uuid.uuid4().hex[:12]}")
         self.backend = SubtaskStateBackend(options or NdbStateOptions(), info, oracle,
-                                           store=store, clock_ms=self.clock)
+                                           store=store, clock_ms=self.clock,
+                                           listener=listener)
         oracle.backend = self.backend
         self.context = TieredRuntimeContext(_NoRuntimeContext(), self.backend)
 
@@ -149,24 +156,68 @@ class LocalSubtask:
         self.backend.set_current_key(key)
         return self
 
-    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
-        """Snapshot and keep the token in the storage, as Flink would; returns the token."""
+    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False,
+                 durable: bool = True) -> str:
+        """Snapshot and keep the token in the storage, as Flink would; returns the token.
+
+        :param durable: wait until the background writer made it durable (as Flink waits
+            for the asynchronous phase before it acknowledges a checkpoint); False: return
+            after the synchronous phase.
+        :raises CheckpointError: `durable` and the background write failed.
+        """
         token = self.backend.snapshot(checkpoint_id, is_savepoint)
         self.storage.record(self.operator, checkpoint_id, token)
+        if durable:
+            self.wait_durable(checkpoint_id)
         return token
 
+    def wait_durable(self, checkpoint_id: int) -> None:
+        """Wait until the write of `checkpoint_id` finished.
+
+        :raises CheckpointError: it failed (its entries went back into the current epoch).
+        :raises FencedError: the writer was fenced.
+        """
+        protocol = self.backend.protocol
+        protocol.writer.wait_for(lambda: not protocol.writer.checkpoint_pending(checkpoint_id))
+        failure = protocol.writer.failure()
+        pending = checkpoint_id in protocol._in_flight
+        protocol.settle()
+        if pending and checkpoint_id not in protocol._in_flight and failure is not None:
+            raise failure  # what failed the write (the store's error, not a wrapper)
+
     def checkpoint(self, checkpoint_id: int, complete: bool = True) -> None:
-        """Snapshot, then (when `complete`) notify completion."""
+        """Snapshot, then (when `complete`) notify completion and wait for its work."""
         self.snapshot(checkpoint_id)
         if complete:
-            self.backend.notify_checkpoint_complete(checkpoint_id)
+            self.complete(checkpoint_id)
+
+    def complete(self, checkpoint_id: int, wait: bool = True) -> None:
+        """Notify that Flink completed `checkpoint_id`; `wait`: until the background
+        writer marked it, moved the readers and collected garbage."""
+        self.backend.notify_checkpoint_complete(checkpoint_id)
+        if wait:
+            self.backend.drain()
+
+    def abort(self, checkpoint_id: int, wait: bool = True) -> None:
+        """Notify that Flink aborted `checkpoint_id`; `wait`: until its work is done."""
+        self.backend.notify_checkpoint_aborted(checkpoint_id)
+        if wait:
+            self.backend.drain()
 
     def crash(self) -> None:
-        """Lose tiers 1-2 without any flush (the store stays open for the next attempt)."""
-        self.backend.table.close()
+        """Lose tiers 1-2 without any flush and stop the background writer where it is
+        (the store stays open for the next attempt)."""
+        self._stop()
 
     def close(self) -> None:
+        """Release the tiers and the writer (the store stays open: tests reuse it)."""
+        self._stop()
+
+    def _stop(self) -> None:
+        self.backend.protocol.close()
         self.backend.table.close()
+        if self.backend.write_store is not None:
+            self.backend.write_store.close()
 
 
 class InjectedFailure(RuntimeError):
@@ -180,15 +231,19 @@ class FailOnceAfterCheckpoint(KeyedProcessFunction):
     completed and at least `min_records` records were processed raises
     :class:`InjectedFailure` and writes `marker` (so a test can assert the failure
     happened). Until the first checkpoint completes, each record waits `throttle_ms` so
-    that a checkpoint can complete mid-stream. Later attempts run unchanged.
+    that a checkpoint can complete mid-stream. With `while_writing`, the failure waits
+    (records keep waiting `throttle_ms`) until the background writer is writing an epoch,
+    so the task dies with a write in flight. Later attempts run unchanged.
 
     A module-level class with instance attributes, not a closure: cloudpickle shares a
     dynamic class between the subtasks that unpickle it, closure cells included.
     """
 
     def __init__(self, function: KeyedProcessFunction, marker: str, min_records: int = 1000,
-                 subtask: int = 0, throttle_ms: float = 1.0) -> None:
+                 subtask: int = 0, throttle_ms: float = 1.0,
+                 while_writing: bool = False) -> None:
         self.function = function
+        self.while_writing = while_writing
         self.marker = marker
         self.min_records = min_records
         self.subtask = subtask
@@ -207,13 +262,17 @@ class FailOnceAfterCheckpoint(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: Any) -> Any:
         if self.armed:
             self.seen += 1
+            writing = self.backend.protocol.writer.writing()
             if self.backend.protocol.completed == 0:
+                time.sleep(self.throttle_ms / 1000)
+            elif self.seen >= self.min_records and self.while_writing and writing is None:
                 time.sleep(self.throttle_ms / 1000)
             elif self.seen >= self.min_records:
                 Path(self.marker).write_text(
                     f"failed after {self.seen} records, "
                     f"{self.backend.protocol.completed} checkpoints, keys from "
-                    f"records: {self.backend.keys_from_records}\n")
+                    f"records: {self.backend.keys_from_records}, writing checkpoint "
+                    f"{writing}\n")
                 raise InjectedFailure("injected failure (pyflink_ndb.testing)")
         return self.function.process_element(value, ctx)
 

@@ -30,6 +30,24 @@ def state_options(request, tmp_path, mysql_url):
         drop_namespace(mysql_url, namespace)
 
 
+def test_failure_while_a_background_write_is_in_flight_then_exact_state(state_options,
+                                                                          tmp_path: Path):
+    """The task dies while its writer is writing an epoch (issue 7): the half-written
+    epoch never becomes state, the restore resumes from the last completed checkpoint,
+    and the final committed state is exact."""
+    marker = tmp_path / "failed.txt"
+    env = make_environment(parallelism=2, checkpoint_interval_ms=300, restart_attempts=2)
+    build(env, flights_csv(), state_options,
+          function=FailOnceAfterCheckpoint(AircraftDelays(), str(marker), min_records=2000,
+                                           throttle_ms=0.2, while_writing=True))
+    env.execute("flight-delays-e2e-write-in-flight")
+
+    text = marker.read_text()
+    assert "writing checkpoint None" not in text, text
+    expected = pandas_aircraft(package_data_dir() / "flights.csv.zip")
+    assert_exact(committed_aircraft(state_options), expected)
+
+
 def test_failure_mid_stream_then_exact_state(state_options, tmp_path: Path):
     marker = tmp_path / "failed.txt"
     env = make_environment(parallelism=2, checkpoint_interval_ms=500, restart_attempts=2)

@@ -282,7 +282,7 @@ def test_row_counts_after_checkpoints(store: StateStore, local_dir: str) -> None
         value.update(-key)
     t.checkpoint(8, complete=False)
     assert store.count_rows() == 30
-    t.backend.notify_checkpoint_complete(8)
+    t.complete(8)
     assert store.count_rows() == 20
     # Deleted keys: the tombstones stay while a retained checkpoint still sees a value.
     for key in range(10):

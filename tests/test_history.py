@@ -84,9 +84,9 @@ def test_late_notification_of_a_zombie_is_fenced_and_collects_nothing(store, loc
     b = Attempt(store, local_dir, options, restored_checkpoint_id=2)
     rows = store.count_rows()
     with pytest.raises(FencedError):
-        a.t.backend.notify_checkpoint_complete(2)
+        a.t.complete(2)
     with pytest.raises(FencedError):
-        a.t.backend.notify_checkpoint_complete(1)
+        a.t.complete(1)
     assert store.count_rows() == rows
     assert (b.get("k"), b.get("other")) == (2, 1)
 
@@ -112,7 +112,7 @@ def test_savepoint_completion_does_not_subsume_the_retained_checkpoint(store, lo
         a.put("k", a.get("k") + 1)
         sp = a.t.backend.snapshot(2 + _, True)
         a.t.storage.record("op", 2 + _, sp)
-        a.t.backend.notify_checkpoint_complete(2 + _)
+        a.t.complete(2 + _)
     assert store.latest_committed_checkpoint("op") == 1  # readers follow checkpoints
     b = Attempt(store, local_dir, options, restored_checkpoint_id=1)  # Flink's failover
     assert b.get("k") == 1
@@ -197,7 +197,7 @@ def test_an_aborted_savepoint_is_released(store, local_dir):
     a.t.checkpoint(1)
     a.put("k", 2)
     a.t.snapshot(2, is_savepoint=True)
-    a.t.backend.notify_checkpoint_aborted(2)
+    a.t.abort(2)
     assert [s.epoch for s in store.list_snapshots("op")] == [1]
     with pytest.raises(CheckpointError, match="no longer be restored"):
         Attempt(store, local_dir, restored_checkpoint_id=2)
@@ -251,7 +251,7 @@ def test_readers_see_one_checkpoint_while_subtasks_restore(store, local_dir):
         for t in run:
             t.t.snapshot(value)
         for t in run:
-            t.t.backend.notify_checkpoint_complete(value)
+            t.t.complete(value)
     assert set(committed(store).values()) == {2}
     # A new job from checkpoint 1: subtask 0 claims first; readers switch at once and whole.
     Attempt(store, local_dir, restored_checkpoint_id=1, subtask_index=0, key_group_start=0,

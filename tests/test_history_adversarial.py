@@ -88,7 +88,7 @@ class Job:
 
     def complete(self, checkpoint_id: int) -> None:
         for t in self.subtasks:
-            t.backend.notify_checkpoint_complete(checkpoint_id)
+            t.complete(checkpoint_id)
 
     @property
     def job_id(self) -> str:
@@ -421,11 +421,11 @@ def test_retention_with_lost_notifications_aborts_and_savepoints(store, local_di
         snaps[c] = (tokens, dict(model))
         if c in (5, 9):
             for t in job.subtasks:  # aborted: Flink never completes it
-                t.backend.notify_checkpoint_aborted(c)
+                t.abort(c)
             continue
         (savepoints if savepoint else flink_completed).append(c)
         if c in (2, 4, 6):  # lost, or only one subtask heard of it
-            job.subtasks[0].backend.notify_checkpoint_complete(c)
+            job.subtasks[0].complete(c)
             continue
         job.complete(c)
     job.crash()

@@ -42,7 +42,7 @@ def test_16_mib_values_round_trip_through_a_restore(store, tmp_path):
     restored.close()
 
 
-def test_a_value_over_the_limit_fails_the_snapshot_and_writes_nothing(store, tmp_path):
+def test_a_value_over_the_limit_fails_the_update_and_stores_nothing(store, tmp_path):
     options = NdbStateOptions(value_max_bytes=1024 * 1024)
     subtask = LocalSubtask(store, options, local_dir=str(tmp_path / "a"))
     items = subtask.context.get_list_state(ListStateDescriptor("l", Types.PICKLED_BYTE_ARRAY()))
@@ -50,9 +50,10 @@ def test_a_value_over_the_limit_fails_the_snapshot_and_writes_nothing(store, tmp
     items.add(b"small")
     subtask.checkpoint(1)
     rows = store.count_rows()
-    items.add(b"x" * (2 * 1024 * 1024))
-    with pytest.raises(ValueTooLargeError, match="value.max-bytes"):
-        subtask.checkpoint(2)
+    with pytest.raises(ValueTooLargeError, match="State 'l'.*value.max-bytes"):
+        items.add(b"x" * (2 * 1024 * 1024))
+    assert items.get() == [b"small"]
+    subtask.checkpoint(2)
     assert store.count_rows() == rows
     subtask.crash()
     restored = LocalSubtask(store, options, restored_checkpoint_id=1,

@@ -149,6 +149,13 @@ def fail_after(store: StateStore, calls: int) -> None:
     store._executemany = flaky  # type: ignore[method-assign]
 
 
+def writes_of(job: Job) -> StateStore:
+    """The store the job's checkpoints are written with (the background writer's own
+    connection with `write.async`)."""
+    backend = job.t.backend
+    return backend.write_store or backend.store
+
+
 def rows_of_epoch(store: StateStore, epoch: int) -> int:
     """Rows whose version carries checkpoint id `epoch` (on any branch)."""
     return int(store._query(f"SELECT COUNT(*) FROM {store.t_state} WHERE "
@@ -194,7 +201,7 @@ def test_crash_mid_snapshot_restores_previous_checkpoint_exactly(store_kind, sto
     for i, k in enumerate(KEYS):
         job.write(k, 10 + i)
         model.write(k, 10 + i)
-    fail_after(store, 3)  # 3 batches of epoch 2 committed, then the "connection" dies
+    fail_after(writes_of(job), 3)  # 3 batches of epoch 2 committed, then the connection dies
     with pytest.raises(CheckpointError, match="Checkpoint 2"):
         job.checkpoint(2)
     # MySQL/NDB commit each batch: the crash hits the middle of the epoch. SQLite writes an
@@ -216,7 +223,7 @@ def test_crash_mid_snapshot_restores_previous_checkpoint_exactly(store_kind, sto
     assert rows_of_epoch(store, 2) == 0, "the half-written epoch is cleaned up"
     at3 = model.copy()
     job.write(KEYS[0], 99)
-    fail_after(store, 1)
+    fail_after(writes_of(job), 1)
     with pytest.raises(CheckpointError):
         job.checkpoint(4)
     job.crash()
@@ -243,12 +250,12 @@ def test_failed_snapshot_then_next_checkpoint_covers_everything(store_kind, stor
     for i, k in enumerate(KEYS):
         job.write(k, 10 + i)
         model.write(k, 10 + i)
-    real = store._executemany
-    fail_after(store, 4)
+    real = writes_of(job)._executemany
+    fail_after(writes_of(job), 4)
     with pytest.raises(CheckpointError):
         job.checkpoint(2)
-    job.t.backend.notify_checkpoint_aborted(2)
-    store._executemany = real  # type: ignore[method-assign]
+    job.t.abort(2)
+    writes_of(job)._executemany = real  # type: ignore[method-assign]
     assert job.read_all() == model.view(), "the running job still sees its changes"
     job.checkpoint(3)
     job.crash()
@@ -556,7 +563,7 @@ def test_rollback_of_one_subtask_leaves_the_other_alone(store_kind, store_factor
             key_group_end=63)
     assert a.read_all(keys_a) == at2_a.view(keys_a)
     assert b.read_all(keys_b) == mb.view(keys_b), "subtask 1's rows of epoch 3 were lost"
-    b.t.backend.notify_checkpoint_aborted(3)
+    b.t.abort(3)
     a.checkpoint(4)
     b.checkpoint(4)
     a.crash()
@@ -595,9 +602,9 @@ def test_killed_connection_is_retried_and_loses_nothing(mysql_url, store_factory
     job.checkpoint(1)
     job.write("a", 5)
     model.write("a", 5)
-    _kill_connection(mysql_url, store)  # what a database restart does to the session
+    _kill_connection(mysql_url, writes_of(job))  # what a database restart does to a session
     job.checkpoint(2)
-    assert store.retries >= 1
+    assert writes_of(job).retries >= 1
     _kill_connection(mysql_url, store)
     assert job.read_all() == model.view()  # reads that miss every tier are retried too
     job.crash()
@@ -659,36 +666,23 @@ def test_unreachable_database_at_open_is_store_unavailable(local_dir):
 
 
 # -- odd keys ------------------------------------------------------------------------------
-def test_key_too_large_fails_the_checkpoint_and_keeps_restorable_state(store_kind,
-                                                                       store_factory,
-                                                                       local_dir):
+def test_key_too_large_fails_the_update_and_keeps_restorable_state(store_kind,
+                                                                   store_factory,
+                                                                   local_dir):
     store = store_factory(store_kind)
     job, model = Job(store, NdbStateOptions(), local_dir), Model()
     job.write("a", 1)
     model.write("a", 1)
     job.checkpoint(1)
     job.t.key(b"k" * 5000)
-    job.value.update("huge key")
     with pytest.raises(ValueTooLargeError, match=str(MAX_UKEY_BYTES)):
-        job.checkpoint(2)
+        job.value.update("huge key")
+    job.write("b", 2)
+    model.write("b", 2)
+    job.checkpoint(2)
     job.crash()
-    job = Job(store, NdbStateOptions(), local_dir, restored=1)
+    job = Job(store, NdbStateOptions(), local_dir, restored=2)
     assert job.read_all() == model.view()
-
-
-def test_key_too_large_writes_nothing_of_the_checkpoint(store_kind, store_factory,
-                                                        local_dir):
-    store = store_factory(store_kind)
-    store.write_batch_rows = 1
-    job = Job(store, NdbStateOptions(write_batch_rows=1), local_dir)
-    for k in ("a", "b", "c"):
-        job.t.key(k)
-        job.value.update(k)
-    job.t.key("z" * 3000)  # sorts after the others
-    job.value.update("huge key")
-    with pytest.raises(ValueTooLargeError):
-        job.checkpoint(1)
-    assert rows_of_epoch(store, 1) == 0
 
 
 @pytest.mark.parametrize("length", [MAX_UKEY_BYTES - 3, MAX_UKEY_BYTES - 2])
@@ -698,8 +692,8 @@ def test_key_at_the_size_limit(store_kind, store_factory, local_dir, length):
     key = b"k" * length  # tag + 2-byte length + payload
     encoded = len(encode_key(key))
     job.t.key(key)
-    job.value.update("v")
     if encoded <= MAX_UKEY_BYTES:
+        job.value.update("v")
         job.checkpoint(1)
         job.crash()
         job = Job(store, NdbStateOptions(), local_dir, restored=1)
@@ -707,7 +701,9 @@ def test_key_at_the_size_limit(store_kind, store_factory, local_dir, length):
         assert job.value.value() == "v"
     else:
         with pytest.raises(ValueTooLargeError):
-            job.checkpoint(1)
+            job.value.update("v")
+        job.checkpoint(1)
+        assert rows_of_epoch(store, 1) == 0
 
 
 class MyInt(int):

@@ -590,37 +590,30 @@ def test_bytes_and_text_round_trip_identically(h: Harness) -> None:
 
 # -- oversized values -------------------------------------------------------------------
 
-def test_value_over_the_limit_fails_the_snapshot_and_writes_nothing(
+def test_value_over_the_limit_fails_the_update_and_stores_nothing(
         make_harness: Callable[..., Harness]) -> None:
     h = make_harness(value_max_bytes=1000)
     h.key("a")
     h.value().update("small")
     h.map().put("m", "small")
     h.maybe_restart()
-    before = h.store.count_rows()
-    snapshots = h.store.list_snapshots("op")
-    owner = h.store.read_operator("op")
     h.key("a")
     h.value().update("changed")
     h.key("big")
-    h.value().update(b"x" * 2000)
-    with pytest.raises(ValueTooLargeError):
-        h.checkpoint()
-    # No row, no snapshot row, and readers still see the same checkpoint.
-    assert h.store.count_rows() == before
-    assert h.store.list_snapshots("op") == snapshots
-    assert h.store.read_operator("op") == owner
-    # The live state is unchanged by the failed snapshot.
+    h.value().update("kept")
+    # Refused at the update, where the state and the key are known.
+    with pytest.raises(ValueTooLargeError, match=r"State 'v'.*\"big\".*value.max-bytes"):
+        h.value().update(b"x" * 2000)
+    with pytest.raises(ValueTooLargeError, match="value.max-bytes"):
+        h.map().put("m", b"y" * 2000)
+    assert h.value().value() == "kept", "the refused update changed nothing"
+    assert h.map().get("m") is None
+    h.checkpoint()
+    h.crash_and_restore()
     h.key("a")
     assert h.value().value() == "changed"
     h.key("big")
-    assert h.value().value() == b"x" * 2000
-    # A restore returns to the last completed checkpoint.
-    h.crash_and_restore()
-    h.key("a")
-    assert h.value().value() == ("small" if h.phase == "restored" else None)
-    h.key("big")
-    assert h.value().value() is None
+    assert h.value().value() == "kept"
     # Small enough again: the next checkpoint works.
     h.value().update(b"x" * 100)
     h.restart()
@@ -628,25 +621,22 @@ def test_value_over_the_limit_fails_the_snapshot_and_writes_nothing(
     assert h.value().value() == b"x" * 100
 
 
-def test_key_over_the_limit_fails_the_snapshot_and_writes_nothing(h: Harness) -> None:
+def test_key_over_the_limit_fails_the_update_and_stores_nothing(h: Harness) -> None:
     from pyflink_ndb.stores.base import MAX_UKEY_BYTES
 
     h.key("a")
     h.value().update("kept")
     h.maybe_restart()
-    before = h.store.count_rows()
     h.key("many")
-    # More dirty entries than one write batch, so a late check would leave rows behind.
     h.map().put_all({i: i for i in range(1_200)})
-    h.map().put("z" * (MAX_UKEY_BYTES + 1), 1)
-    with pytest.raises(ValueTooLargeError):
-        h.checkpoint()
-    assert h.store.count_rows() == before
+    with pytest.raises(ValueTooLargeError, match=f"State 'm'.*{MAX_UKEY_BYTES} bytes"):
+        h.map().put("z" * (MAX_UKEY_BYTES + 1), 1)
+    h.checkpoint()
     h.crash_and_restore()
     h.key("many")
-    assert h.map().is_empty()
+    assert dict(h.map().items()) == {i: i for i in range(1_200)}
     h.key("a")
-    assert h.value().value() == ("kept" if h.phase == "restored" else None)
+    assert h.value().value() == "kept"
 
 
 # -- long lists -------------------------------------------------------------------------

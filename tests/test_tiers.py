@@ -62,11 +62,14 @@ def test_table_reads_through_tiers_and_tracks_dirty_entries(tmp_path):
     table.put(1, b"gone", 5, None)         # a tombstone, evicts "new" (still dirty)
     assert table.get(1, b"stored", 5).value == b"from-db"
     assert table.store_reads == 1, "tier 2 answered, the store was not asked again"
-    rows = {r.ukey: r for r in table.dirty_rows(lambda sid, v: None)}
-    assert set(rows) == {b"new", b"gone"}
-    assert rows[b"new"].value == b"v" and rows[b"gone"].tombstone
-    table.mark_clean()
+    frozen = table.freeze()
     assert table.dirty_count == 0
+    table.put(1, b"new", 5, b"after the freeze")  # evicts "gone": tier 2 changes ...
+    table.put(1, b"other", 5, b"x")               # ... and "new" again
+    rows = {r.ukey: r for r in table.render(frozen, lambda sid, v: None)}
+    assert set(rows) == {b"new", b"gone"}
+    assert rows[b"new"].value == b"v", "rendered as of the freeze (RocksDB snapshot)"
+    assert rows[b"gone"].tombstone
     table.close()
     store.close()
 
@@ -77,6 +80,12 @@ def test_table_without_local_tier_keeps_evicted_dirty_entries(tmp_path):
     table.put(1, b"a", 0, b"1")
     table.put(1, b"b", 0, b"2")  # evicts the dirty "a": it must not be lost
     assert table.get(1, b"a", 0).value == b"1"
-    assert {r.ukey for r in table.dirty_rows(lambda sid, v: None)} == {b"a", b"b"}
+    frozen = table.freeze()
+    table.put(1, b"c", 0, b"3")  # evicts "a" and "b", which only the frozen epoch holds
+    assert table.get(1, b"a", 0).value == b"1", "a frozen epoch answers until durable"
+    assert [u for u, _ in table.scan_prefix(1, 0, b"")] == [b"a", b"b", b"c"]
+    assert {r.ukey for r in table.render(frozen, lambda sid, v: None)} == {b"a", b"b"}
+    table.release(frozen)
+    assert table.get(1, b"b", 0).value is None, "released: only the store could answer"
     table.close()
     store.close()

@@ -3,11 +3,18 @@
 * :meth:`CheckpointProtocol.open` claims the subtask's key groups under a new branch whose
   lineage comes from the restored snapshot's tokens (or from `on-fresh-start`), before
   any record; it reads and deletes no state row;
-* :meth:`CheckpointProtocol.snapshot` writes every dirty entry as version
-  `branch << 32 | checkpoint id`, fenced, and returns the token for Flink's union list
-  state once it is durable;
-* :meth:`CheckpointProtocol.complete` marks the snapshot completed, moves what readers
-  see, applies retention, collects garbage and runs a bounded batch of background cleanup.
+* :meth:`CheckpointProtocol.snapshot` (Flink's synchronous phase) freezes the dirty set and
+  returns the token for Flink's union list state; the background writer
+  (:mod:`pyflink_ndb.checkpoint.writer`) then writes every frozen entry as version
+  `branch << 32 | checkpoint id`, fenced, and inserts the snapshot row last, which makes
+  it restorable; the bridge's asynchronous phase completes when that is durable;
+* :meth:`CheckpointProtocol.complete` has the writer mark the snapshot completed, move what
+  readers see, apply retention, collect garbage and run a bounded batch of cleanup.
+
+Threads: the task thread calls every public method; the writer thread runs the store work
+(`_write_epoch`, `_complete_job`, `_abort_job` and the garbage collection under them) on
+a connection of its own (`write_store`). Restore (:meth:`open`, :meth:`prefetch`) runs on
+the task thread before the writer has any job.
 """
 
 from __future__ import annotations
@@ -19,8 +26,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pyflink_ndb.checkpoint.gc import Deletion, VersionLedger, versions_to_keep
+from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job, Outcome, WriteCancelled
 from pyflink_ndb.config import NdbStateOptions
-from pyflink_ndb.errors import CheckpointError, NamespaceInUseError, ValueTooLargeError
+from pyflink_ndb.errors import (
+    CheckpointError,
+    FencedError,
+    NamespaceInUseError,
+    ValueTooLargeError,
+)
 from pyflink_ndb.stores.base import (
     COMPLETED,
     KIND_CHECKPOINT,
@@ -47,7 +60,7 @@ from pyflink_ndb.stores.lineage import (
     subtract,
     version_of,
 )
-from pyflink_ndb.tiers.table import TieredTable
+from pyflink_ndb.tiers.table import FrozenEpoch, TieredTable
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +112,36 @@ def check_fresh_start(store: StateStore, options: NdbStateOptions, operator: str
 
 
 class CheckpointProtocol:
-    """Claim, snapshot, commit, abort, garbage collection and cleanup for one attempt."""
+    """Claim, snapshot, commit, abort, garbage collection and cleanup for one attempt.
+
+    :param store: the task thread's store (restore, and reads of the tiers).
+    :param table: the subtask's tiered table.
+    :param options: resolved options (`write.async`, `write.max-pending-bytes`, ...).
+    :param scope: the subtask attempt.
+    :param clock_ms: processing-time clock for TTL.
+    :param write_store: a second connection to the same store for the background writer;
+        None: the store work runs inline on the task thread (synchronous flush).
+    :param on_durable: called (on the writer thread) with a checkpoint id once its epoch is
+        durable and restorable.
+    :param on_failed: called with a checkpoint id and a message when its write failed.
+    """
 
     def __init__(self, store: StateStore, table: TieredTable, options: NdbStateOptions,
-                 scope: SubtaskScope, clock_ms: Callable[[], int] = now_ms) -> None:
+                 scope: SubtaskScope, clock_ms: Callable[[], int] = now_ms, *,
+                 write_store: StateStore | None = None,
+                 on_durable: Callable[[int], None] | None = None,
+                 on_failed: Callable[[int, str], None] | None = None) -> None:
         self.store = store
+        #: The store the writer's jobs use (the task thread's one when inline).
+        self.wstore = write_store if write_store is not None else store
+        self.writer = BackgroundWriter(
+            f"pyflink-ndb-writer-{scope.operator[:12]}-{scope.subtask_index}",
+            options.write_max_pending_bytes, on_durable, on_failed,
+            inline=write_store is None)
+        #: Frozen epochs whose write job has not reported yet, by checkpoint id.
+        self._in_flight: dict[int, FrozenEpoch] = {}
+        #: Entries taken back from failed writes into a later epoch (total).
+        self.entries_taken_back = 0
         self.table = table
         self.options = options
         self.scope = scope
@@ -261,7 +299,7 @@ class CheckpointProtocol:
     def _load_lineages(self, branches: set[int]) -> dict[int, Lineage]:
         missing = branches - self._lineages.keys()
         if missing:
-            for bid, row in self.store.load_branches(missing).items():
+            for bid, row in self.wstore.load_branches(missing).items():
                 self._lineages[bid] = row.lineage
         absent = branches - self._lineages.keys()
         if absent:
@@ -291,72 +329,184 @@ class CheckpointProtocol:
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False,
                  kind: str | None = None) -> Token:
-        """Write every dirty entry as `branch << 32 | checkpoint_id`; durable on return.
+        """Flink's synchronous phase: freeze the dirty set as checkpoint `checkpoint_id` and
+        hand it to the background writer; O(1) in the dirty entries (it waits only when
+        `write.max-pending-bytes` is reached: back-pressure). Inline, the epoch is written
+        before this returns.
 
         :returns: the token to store in Flink's union list state.
-        :raises ValueTooLargeError: a value exceeds `value.max-bytes` or an encoded key
-            exceeds the store's key limit (nothing written).
-        :raises FencedError: a newer attempt owns these key groups.
-        :raises CheckpointError: the store failed; the checkpoint must fail.
+        :raises FencedError: a newer attempt owns these key groups (seen by an earlier job).
+        :raises CheckpointError: the id is out of range; inline: the store failed.
+        :raises ValueTooLargeError: inline: an oversized key or value (nothing written).
         """
         fence = self._require_open()
+        self.settle()
         if not 0 < checkpoint_id <= MAX_EPOCH:
             raise CheckpointError(f"Checkpoint id {checkpoint_id} is outside 1..{MAX_EPOCH}.")
-        version = version_of(self.branch, checkpoint_id)
-        rows = self.table.dirty_rows(self._json_of)
         kind = kind or (KIND_SAVEPOINT if is_savepoint else KIND_CHECKPOINT)
+        frozen = self.table.freeze()
+        self._in_flight[checkpoint_id] = frozen
+        self._kinds[checkpoint_id] = kind
+        job = Job(lambda: self._write_epoch(fence, checkpoint_id, kind, frozen),
+                  checkpoint_id, frozen.approx_bytes, fail_fast=True,
+                  name=f"write of checkpoint {checkpoint_id}")
         try:
-            self.rows_written += self.store.write_versions(fence, version, rows,
-                                                           self.options.value_max_bytes)
-            self.store.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
-        except (ValueTooLargeError, CheckpointError):
+            self.writer.submit(job)
+        except BaseException:
+            self.settle(raise_fenced=False)  # inline failure: the entries go back
+            raise
+        if self.writer.inline:
+            self.settle()
+        return Token(self.branch, checkpoint_id, self.scope.key_group_start,
+                     self.scope.key_group_end)
+
+    def _write_epoch(self, fence: Fence, checkpoint_id: int, kind: str,
+                     frozen: FrozenEpoch) -> int:
+        """Writer thread: render and write `frozen`, then the snapshot row (last: the
+        epoch becomes restorable only once every row is committed)."""
+        version = version_of(self.branch, checkpoint_id)
+        between = None if self.writer.inline else self.writer.check_cancelled
+        rows = self.table.render(frozen, self._json_of, between)
+        try:
+            written = self.wstore.write_versions(fence, version, rows,
+                                                 self.options.value_max_bytes, between)
+            if between is not None:
+                between()
+            self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
+        except (ValueTooLargeError, CheckpointError, WriteCancelled):
             raise
         except Exception as err:
             raise CheckpointError(
                 f"Checkpoint {checkpoint_id} of {self.scope.operator!r} could not be "
-                f"written to {self.store.describe()}: {err}") from err
+                f"written to {self.wstore.describe()}: {err}") from err
         for row in rows:
             self.ledger.record((row.key_group, row.state_id, row.ukey), version, row.tombstone)
-        self.table.mark_clean()
-        self._kinds[checkpoint_id] = kind
-        return Token(self.branch, checkpoint_id, self.scope.key_group_start,
-                     self.scope.key_group_end)
+        self.rows_written += written
+        return written
+
+    def settle(self, raise_fenced: bool = True) -> None:
+        """Task thread, at every hook: take the writer's outcomes. A durable epoch stops
+        answering reads from memory; failed epochs (the failed write and the later ones,
+        which fail with it) go back into the current epoch, so the next checkpoint writes
+        them; a fenced writer fails the task.
+
+        :raises FencedError: a job found that a newer attempt owns the key groups.
+        """
+        outcomes = self.writer.take_outcomes()
+        if self.writer.failure() is not None or any(
+                o.error is not None and o.job.fail_fast for o in outcomes):
+            self.writer.wait_writes_settled()
+            outcomes += self.writer.take_outcomes()
+            failed = self._handle(outcomes)
+            if failed:
+                self.entries_taken_back += self.table.take_back(failed)
+            self.writer.clear_failure()
+        else:
+            self._handle(outcomes)
+        if raise_fenced:
+            for o in outcomes:
+                if isinstance(o.error, FencedError):
+                    raise o.error
+
+    def _handle(self, outcomes: Sequence[Outcome]) -> list[FrozenEpoch]:
+        failed = []
+        for o in outcomes:
+            cid = o.job.checkpoint_id
+            if not o.job.fail_fast or cid is None:
+                if o.error is not None and not isinstance(o.error, FencedError):
+                    log.warning("pyflink-ndb %s/%d: %s failed: %s", self.scope.operator,
+                                self.scope.subtask_index, o.job.name, o.error)
+                continue
+            frozen = self._in_flight.pop(cid, None)
+            if frozen is None:
+                continue
+            if o.error is None:
+                self.table.release(frozen)
+            else:
+                self._kinds.pop(cid, None)
+                failed.append(frozen)
+                log.warning("pyflink-ndb %s/%d: checkpoint %d failed in the background "
+                            "(%s); its %d entries go into the next checkpoint",
+                            self.scope.operator, self.scope.subtask_index, cid, o.error,
+                            len(frozen.entries))
+        return failed
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until the writer finished every job, then :meth:`settle`; False on timeout.
+
+        :raises FencedError: see :meth:`settle`.
+        """
+        done = self.writer.wait_idle(timeout_s)
+        self.settle()
+        return done
 
     def complete(self, checkpoint_id: int) -> None:
-        """Flink completed checkpoint `checkpoint_id`: mark it, move readers to it (not
-        for a savepoint), apply retention, collect garbage, clean up a bounded batch.
+        """Flink completed checkpoint `checkpoint_id` (so its epoch is durable: Flink
+        completes a checkpoint only after every asynchronous phase finished). The writer
+        marks it, moves readers to it (not for a savepoint), applies retention, collects
+        garbage and cleans up a bounded batch, after the writes queued before.
 
-        :raises FencedError: a newer attempt owns these key groups.
+        :raises FencedError: an earlier job found a newer attempt owning the key groups.
         """
         fence = self._require_open()
-        self.store.mark_completed(self.scope.operator, [(self.branch, checkpoint_id)], fence)
-        kind = self._kinds.get(checkpoint_id)
+        self.settle()
+        kind = self._kinds.pop(checkpoint_id, None)
+        self.writer.submit(Job(lambda: self._complete_job(fence, checkpoint_id, kind),
+                               name=f"completion of checkpoint {checkpoint_id}"))
+        if self.writer.inline:
+            self.settle()
+
+    def _complete_job(self, fence: Fence, checkpoint_id: int, kind: str | None) -> None:
+        self.wstore.mark_completed(self.scope.operator, [(self.branch, checkpoint_id)], fence)
         if kind is not None and kind != KIND_SAVEPOINT:
             # Readers and `resume` follow checkpoints only: Flink never fails over to a
             # savepoint, so neither does what a fresh start continues from.
             self.latest_completed = max(self.latest_completed, checkpoint_id)
-            self.store.advance_committed(fence, checkpoint_id)
+            self.wstore.advance_committed(fence, checkpoint_id)
         self.completed += 1
         self.collect_garbage()
 
     def abort(self, checkpoint_id: int) -> None:
-        """An aborted savepoint releases its pin. An aborted checkpoint's rows stay: they
-        are this branch's history and the next snapshot's delta builds on them."""
+        """An aborted savepoint releases its pin (after its write, if that is still
+        queued). An aborted checkpoint's rows stay: they are this branch's history and
+        the next snapshot's delta builds on them."""
         fence = self._require_open()
-        snaps = [r for r in self.store.list_snapshots(self.scope.operator)
-                 if r.branch == self.branch and r.epoch == checkpoint_id]
-        if snaps and snaps[0].kind == KIND_SAVEPOINT:
-            self.store.delete_snapshots(self.scope.operator, [(self.branch, checkpoint_id)],
-                                        fence)
+        self.settle()
+        self._kinds.pop(checkpoint_id, None)
+        self.writer.submit(Job(lambda: self._abort_job(fence, checkpoint_id),
+                               name=f"abort of checkpoint {checkpoint_id}"))
         log.info("pyflink-ndb %s/%d: checkpoint %d aborted", self.scope.operator,
                  self.scope.subtask_index, checkpoint_id)
 
+    def _abort_job(self, fence: Fence, checkpoint_id: int) -> None:
+        snaps = [r for r in self.wstore.list_snapshots(self.scope.operator)
+                 if r.branch == self.branch and r.epoch == checkpoint_id]
+        if snaps and snaps[0].kind == KIND_SAVEPOINT:
+            self.wstore.delete_snapshots(self.scope.operator, [(self.branch, checkpoint_id)],
+                                         fence)
+
     def final_flush(self) -> int:
-        """Bounded input without checkpointing: write and commit one final epoch."""
+        """Bounded input without checkpointing: write and commit one final epoch; returns
+        when it is committed.
+
+        :raises CheckpointError: the write failed.
+        """
         before = self.rows_written
         self.snapshot(FINAL_EPOCH, kind=KIND_FINAL)
+        self.writer.wait_idle()
+        if self._in_flight.get(FINAL_EPOCH) is not None and self.writer.failure() is not None:
+            error = self.writer.failure()
+            self.settle()
+            raise CheckpointError(f"The final flush of {self.scope.operator!r} failed: {error}")
         self.complete(FINAL_EPOCH)
+        self.drain()
         return self.rows_written - before
+
+    def close(self) -> None:
+        """Stop the writer: queued jobs are dropped (their checkpoints fail), a running one
+        stops at its next statement; nothing partial becomes visible (the snapshot row of
+        an epoch is written after all its rows)."""
+        self.writer.close()
 
     # -- retention, garbage collection, cleanup -----------------------------------------
     def protected_snapshots(self) -> list[SnapshotRow]:
@@ -373,7 +523,7 @@ class CheckpointProtocol:
         s = self.scope
         assert self.lineage is not None
         retained = (self.options.checkpoints_retained or 1) + 1  # +1 for readers (P4)
-        rows = [r for r in self.store.list_snapshots(s.operator)
+        rows = [r for r in self.wstore.list_snapshots(s.operator)
                 if r.kg_end >= s.key_group_start and r.kg_start <= s.key_group_end]
         candidates = [r for r in rows if r.kind != KIND_SAVEPOINT]
         edges = self._edges([self.lineage], candidates)
@@ -392,7 +542,7 @@ class CheckpointProtocol:
                 dropped[key] = dropped.get(key, True) and here
         gone = {key for key, drop in dropped.items() if drop}
         if gone:
-            self.store.delete_snapshots(s.operator, sorted(gone), self.fence)
+            self.wstore.delete_snapshots(s.operator, sorted(gone), self.fence)
             rows = [r for r in rows if (r.branch, r.epoch) not in gone]
         return rows
 
@@ -413,13 +563,13 @@ class CheckpointProtocol:
         protected = self.protected_snapshots()
         keep_above = version_of(self.branch, self.latest_completed)
         removed = 0
-        state_ids = self.store.state_ids(self.scope.operator)
+        state_ids = self.wstore.state_ids(self.scope.operator)
         self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT)
         pending = sorted(self.ledger.pending)
         unknown = [ref for ref in pending
                    if (e := self.ledger.get(ref)) is None or not e.complete]
         if unknown:
-            for ref, stored in self.store.read_versions(unknown).items():
+            for ref, stored in self.wstore.read_versions(unknown).items():
                 self.ledger.learn(ref, stored)
         views_by_kg: dict[int, list[Ranges]] = {}
         deletions: list[Deletion] = []
@@ -440,11 +590,11 @@ class CheckpointProtocol:
             if len(keep) <= 1 and all(v <= keep_above for v in keep):
                 done.append(ref)  # nothing left that a later retention change could free
         if deletions:
-            removed += self.store.delete_exact(fence, deletions)
+            removed += self.wstore.delete_exact(fence, deletions)
         self.ledger.pending.difference_update(done)
         if self._ttl_states:
             for seg in self.lineage.segments:
-                removed += self.store.delete_expired(
+                removed += self.wstore.delete_expired(
                     fence, sorted(self._ttl_states), seg.kg_start, seg.kg_end,
                     self.lineage.head(seg.kg_start), self.clock_ms())
         removed += self.clean_up(protected, state_ids)
@@ -457,14 +607,14 @@ class CheckpointProtocol:
         if not self._adopt:
             return 0
         adopted = 0
-        limit = min(self.store.write_batch_rows * 2, budget)
+        limit = min(self.wstore.write_batch_rows * 2, budget)
         deadline = time.monotonic() + BACKGROUND_SECONDS_PER_CHECKPOINT
         for (a, b, lo, hi), cursors in list(self._adopt.items()):
             for sid in state_ids:
                 if (a, b, lo, hi, sid) in self._adopted_done:
                     continue
                 while adopted < budget and time.monotonic() < deadline:
-                    rows = self.store.scan_entries(sid, a, b, lo, hi, cursors.get(sid), limit)
+                    rows = self.wstore.scan_entries(sid, a, b, lo, hi, cursors.get(sid), limit)
                     for _, kg, ukey in rows:
                         self.ledger.pending.add((kg, sid, ukey))
                     adopted += len(rows)
@@ -510,7 +660,7 @@ class CheckpointProtocol:
         views; a gap is remembered as clean once a statement deletes less than its limit
         (fencing keeps new rows out of it)."""
         fence = self._require_open()
-        limit = self.store.delete_limit_rows
+        limit = self.wstore.delete_limit_rows
         upper = own_range(self.branch)[1]
         removed = 0
         deadline = time.monotonic() + BACKGROUND_SECONDS_PER_CHECKPOINT
@@ -524,7 +674,7 @@ class CheckpointProtocol:
                             self.cleanup_rows += removed
                             return removed
                         budget -= 1
-                        n = self.store.delete_range(fence, sid, kg_start, kg_end, lo, hi,
+                        n = self.wstore.delete_range(fence, sid, kg_start, kg_end, lo, hi,
                                                     limit)
                         removed += n
                         if n < limit:

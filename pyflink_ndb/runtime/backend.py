@@ -5,9 +5,11 @@ and calls, on the task thread and in this order (bytewax-style life-cycle contra
 
 1. `bind` (from `openPythonInterpreter`, before the user's `open()`);
 2. any number of records, each preceded by :meth:`set_current_key`;
-3. :meth:`snapshot` (from `snapshotState`), :meth:`notify_checkpoint_complete` or
-   :meth:`notify_checkpoint_aborted` (from the checkpoint notifications), in any
-   interleaving Flink produces;
+3. :meth:`snapshot` (from `snapshotState`, Flink's synchronous phase: it freezes the
+   dirty set; the background writer makes it durable and tells the Java
+   `DurabilityListener`, which ends Flink's asynchronous phase),
+   :meth:`notify_checkpoint_complete` or :meth:`notify_checkpoint_aborted` (from the
+   checkpoint notifications), in any interleaving Flink produces;
 4. :meth:`finish` once on bounded input (after the user's `close()`), then a final
    checkpoint's `snapshot`/`notify_checkpoint_complete` when checkpointing is on;
 5. :meth:`close` exactly once; nothing is called after it.
@@ -46,6 +48,15 @@ class KeyGroupOracle(Protocol):
     def currentKeyGroup(self) -> int: ...  # noqa: N802 (Java method name)
 
 
+class DurabilityListener(Protocol):
+    """The bridge's Java object that ends Flink's asynchronous phase of a checkpoint
+    (`io.pyflinkndb.bridge.DurabilityListener`); called from the writer thread."""
+
+    def durable(self, checkpoint_id: int) -> None: ...
+
+    def failed(self, checkpoint_id: int, message: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class BindInfo:
     """What the bridge tells a subtask when it binds (see java-bridge/README.md)."""
@@ -76,13 +87,16 @@ class SubtaskStateBackend:
     :param key_groups: the Java oracle for key groups of new keys.
     :param store: an opened store to use instead of opening one from `options.url` (tests).
     :param clock_ms: processing-time clock for TTL (ms since the Unix epoch).
+    :param listener: told when each checkpoint's epoch is durable or failed (the Java
+        bridge); None: nobody waits.
     :raises StoreUnavailableError: the store cannot be reached.
     :raises NamespaceInUseError: see `on-fresh-start`.
     """
 
     def __init__(self, options: NdbStateOptions, info: BindInfo, key_groups: KeyGroupOracle,
                  store: StateStore | None = None,
-                 clock_ms: Callable[[], int] = now_ms) -> None:
+                 clock_ms: Callable[[], int] = now_ms,
+                 listener: DurabilityListener | None = None) -> None:
         self.options = options
         self.info = info
         self.clock_ms = clock_ms
@@ -97,11 +111,22 @@ class SubtaskStateBackend:
                                 f"{_safe(info.operator)}-{info.subtask_index}-{info.attempt}-"
                                 f"{uuid.uuid4().hex[:8]}")
             local = LocalTier(path)
-        self.table = TieredTable(self.store, options.cache_max_entries, local)
+        self.table = TieredTable(self.store, options.cache_max_entries, local,
+                                 options.value_max_bytes)
+        #: The background writer's own connection (None: writes run on the task thread).
+        self.write_store = self.store.fork() if options.write_async else None
+        on_durable = on_failed = None
+        if listener is not None:
+            def on_durable(checkpoint_id: int) -> None:
+                listener.durable(checkpoint_id)
+
+            def on_failed(checkpoint_id: int, message: str) -> None:
+                listener.failed(checkpoint_id, message)
         self.protocol = CheckpointProtocol(
             self.store, self.table, options,
             SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
-                         info.key_group_end, info.job_id, info.attempt), clock_ms)
+                         info.key_group_end, info.job_id, info.attempt), clock_ms,
+            write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
         self.protocol.set_json_renderer(self._render_json)
         self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
         self._kg_cache: LRUCache = LRUCache(maxsize=max(options.cache_max_entries, 10_000))
@@ -126,6 +151,7 @@ class SubtaskStateBackend:
         """
         state_id = self.store.register_state(self.info.operator, name, kind, SERIALIZER_NAME,
                                              ttl_ms)
+        self.table.state_names[state_id] = name
         if prefix_keyed:
             self.table.prefix_states.add(state_id)
         if ttl_ms is not None:
@@ -170,7 +196,9 @@ class SubtaskStateBackend:
         self.keys_from_records = hook_record_keys(operation, self.set_current_key)
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
-        """Write the dirty delta as checkpoint `checkpoint_id`; durable on return.
+        """Flink's synchronous phase: freeze the dirty delta as checkpoint `checkpoint_id`
+        (written in the background; the listener hears when it is durable; with
+        `write.async: false` it is durable on return).
 
         :returns: the token (JSON text) the bridge stores in Flink's union list state.
         """
@@ -188,14 +216,23 @@ class SubtaskStateBackend:
         if not self.info.checkpointing_enabled:
             self.protocol.final_flush()
 
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until the background writer finished every job (tests, tools)."""
+        return self.protocol.drain(timeout_s)
+
     def close(self) -> None:
+        """Stop the background writer (what it had not written stays invisible), then
+        release the tiers and the connections. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
+            self.protocol.close()
             self.table.close()
         finally:
             self.store.close()
+            if self.write_store is not None:
+                self.write_store.close()
 
 
 def restored_tokens(store: StateStore, info: BindInfo) -> list[Token] | None:

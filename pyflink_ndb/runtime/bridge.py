@@ -14,7 +14,12 @@ from typing import Any
 
 from pyflink_ndb.config import PREFIX, from_flink_keys
 from pyflink_ndb.errors import ConfigurationError
-from pyflink_ndb.runtime.backend import BindInfo, KeyGroupOracle, SubtaskStateBackend
+from pyflink_ndb.runtime.backend import (
+    BindInfo,
+    DurabilityListener,
+    KeyGroupOracle,
+    SubtaskStateBackend,
+)
 
 log = logging.getLogger(__name__)
 _slot = threading.local()
@@ -61,15 +66,22 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def bind(info_json: str, key_groups: KeyGroupOracle) -> SubtaskStateBackend:
+def bind(info_json: str, key_groups: KeyGroupOracle,
+         listener: DurabilityListener | None = None) -> SubtaskStateBackend:
     """Create the backend of the subtask whose bridge calls this (Java `openPythonInterpreter`).
+
+    :param info_json: the bridge's bind info (java-bridge/README.md).
+    :param key_groups: the Java key-group probe.
+    :param listener: the Java `DurabilityListener` whose `durable(id)` / `failed(id, msg)`
+        complete Flink's asynchronous phase of each checkpoint (called from the background
+        writer's thread); None: nobody waits (tests).
 
     :raises ConfigurationError, StoreUnavailableError, NamespaceInUseError: the job cannot
         start; the message says what to fix.
     """
     keys, info = parse_bind_info(info_json)
     options = from_flink_keys(keys)
-    backend = SubtaskStateBackend(options, info, key_groups)
+    backend = SubtaskStateBackend(options, info, key_groups, listener=listener)
     log.info("pyflink-ndb bound %s subtask %d/%d (attempt %d, key groups %d-%d) on %s",
              info.operator, info.subtask_index, info.parallelism, info.attempt,
              info.key_group_start, info.key_group_end, backend.store.describe())

@@ -99,6 +99,8 @@ class TieredListState(TieredState, ListState):
         The new segment is serialized first, so a value that cannot be serialized raises
         before anything changes."""
         data = encode_value(items) if items else None
+        if data is not None:
+            self._table.check_entry(self._state_id, self._segment_key(key_bytes, 0), data)
         for index in range(1 if items else 0, old_segments):
             self._table.put(self._state_id, self._segment_key(key_bytes, index), key_group,
                             None)

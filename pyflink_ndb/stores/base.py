@@ -20,6 +20,7 @@ transaction retried on transient faults (:mod:`pyflink_ndb.stores.retry`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import re
@@ -304,6 +305,19 @@ class StateStore(ABC):
                 f"Namespace {self.namespace!r} in {self.describe()} has tables of another "
                 f"layout (another pyflink-ndb format version): {err}. Use a new "
                 "state.backend.ndb.namespace, or drop that namespace's tables.") from err
+
+    def fork(self) -> StateStore | None:
+        """A second store of the same place and settings, connected on a connection of
+        its own (the background writer's: a store object is not thread-safe), or None when
+        the store cannot be opened twice (an in-memory SQLite).
+
+        :raises StoreUnavailableError: the database cannot be reached.
+        """
+        twin = copy.copy(self)
+        twin._conn = None
+        twin.retries = 0
+        twin.connect()
+        return twin
 
     def connect(self) -> None:
         """Connect without creating or checking tables (for `pyflink-ndb migrate`)."""
@@ -672,13 +686,15 @@ class StateStore(ABC):
                     "wrote nothing. Store smaller values or raise the limit.")
 
     def write_versions(self, fence: Fence, version: int, rows: Iterable[WriteRow],
-                       value_max_bytes: int | None = None) -> int:
+                       value_max_bytes: int | None = None,
+                       between: Callable[[], None] | None = None) -> int:
         """Write entries as `version` (idempotent upserts), fenced, and commit.
 
         Every row is checked first (:meth:`check_sizes`) before anything is written. Rows
         go in transactions of at most `write_batch_rows` rows and :data:`MAX_BATCH_BYTES`
         bytes, each of which first checks the fence. Returns the number of database rows
-        written; returns only when every row is committed.
+        written; returns only when every row is committed. `between()` is called before
+        each transaction (the background writer's cancellation point; it may raise).
 
         :raises FencedError: the branch no longer owns its key groups.
         :raises ValueTooLargeError: see :meth:`check_sizes`.
@@ -708,6 +724,8 @@ class StateStore(ABC):
         for batch in batches:
             if not batch:
                 continue
+            if between is not None:
+                between()
             if self.commit_each_batch:
                 def one(b: list[tuple[Any, ...]] = batch) -> None:
                     self._executemany(sql, b)

@@ -34,6 +34,10 @@ class SqliteStateStore(StateStore):
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
 
+    def fork(self) -> StateStore | None:
+        """None for `:memory:` (a second connection would see another database)."""
+        return None if self.path == ":memory:" else super().fork()
+
     def _connect(self) -> Any:
         try:
             if self.path != ":memory:":

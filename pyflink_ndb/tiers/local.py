@@ -11,6 +11,7 @@ import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rocksdict import Options, Rdict, ReadOptions
 
@@ -43,8 +44,17 @@ class LocalTier:
         self._written = False
 
     @staticmethod
-    def _key(state_id: int, ukey: bytes) -> bytes:
+    def key_of(state_id: int, ukey: bytes) -> bytes:
+        """The RocksDB key of an entry."""
         return state_id.to_bytes(4, "big") + ukey
+
+    _key = key_of
+
+    def snapshot_view(self) -> Any:
+        """A consistent read view of tier 2 as of now (a RocksDB snapshot: O(1), safe to
+        read from another thread); `view[key_of(...)]` gives the packed entry. Released
+        when the last reference is dropped."""
+        return self._db.snapshot()
 
     def get(self, state_id: int, ukey: bytes) -> tuple[bytes | None, int, int | None] | None:
         data = self._db.get(self._key(state_id, ukey))

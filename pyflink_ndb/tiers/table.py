@@ -3,10 +3,15 @@ tier 3 (the store), with the set of entries changed since the last snapshot.
 
 An entry is addressed by (state id, ukey) and carries its key group, its value bytes
 (None: known to have no value, i.e. deleted or absent: negative caching) and its TTL
-expiry. Writes stay in tiers 1-2 and mark the entry dirty; :meth:`dirty_rows` lists what
-a snapshot must write, :meth:`mark_clean` ends the epoch. Evicted entries, dirty or clean,
-move to tier 2 (dirty ones stay dirty). Without tier 2, evicted clean entries are dropped
-and evicted dirty ones wait in memory until the next snapshot.
+expiry. Writes stay in tiers 1-2 and mark the entry dirty. A snapshot's synchronous phase
+only :meth:`freezes <TieredTable.freeze>` the dirty set (O(1): a fresh one is swapped in);
+the background writer renders the frozen epoch (:meth:`TieredTable.render`, safe on
+another thread) and writes it; once it is durable the task thread
+:meth:`releases <TieredTable.release>` it, and if the write failed it
+:meth:`takes it back <TieredTable.take_back>` into the next epoch. Evicted entries, dirty
+or clean, move to tier 2 (a dirty one is then read from a RocksDB snapshot when its epoch
+is rendered). Without tier 2, evicted clean entries are dropped, evicted dirty ones wait in
+memory, and frozen epochs answer reads until they are durable.
 """
 
 from __future__ import annotations
@@ -14,20 +19,27 @@ from __future__ import annotations
 import heapq
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from cachetools import LRUCache
 
+from pyflink_ndb.errors import ValueTooLargeError
 from pyflink_ndb.serialization.keys import key_json, split_key
-from pyflink_ndb.stores.base import StateStore, WriteRow
+from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, WriteRow
 from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
-from pyflink_ndb.tiers.local import LocalTier
+from pyflink_ndb.tiers.local import LocalTier, unpack
 
 EntryId = tuple[int, bytes]
 
 #: Rows per page when a prefix scan reads tier 3.
 SCAN_PAGE_ROWS = 1000
+#: Bytes an entry is counted for beyond its value (key, tuple, dict slot), for the
+#: `write.max-pending-bytes` estimate.
+ENTRY_OVERHEAD_BYTES = 120
+#: Rows rendered between two GIL yields of the background writer.
+RENDER_YIELD_ROWS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +49,22 @@ class Entry:
     value: bytes | None
     key_group: int
     expires_at_ms: int | None
+
+
+@dataclass(eq=False)
+class FrozenEpoch:
+    """The dirty set of one snapshot, immutable once frozen.
+
+    `entries` maps each dirty entry to its content as of the freeze; None means that the
+    content was evicted to tier 2 before the freeze and is read from `local_view` (a
+    RocksDB snapshot taken at the freeze). `spilled`: entries evicted from tier 1 without
+    tier 2 (kept here until the epoch is durable, for prefix scans).
+    """
+
+    entries: dict[tuple[int, bytes], Entry | None]
+    local_view: Any
+    approx_bytes: int
+    spilled: set[tuple[int, bytes]] = field(default_factory=set)
 
 
 def _nothing_visible(key_group: int) -> Ranges:
@@ -53,6 +81,7 @@ class TieredTable:
     :param store: tier 3 (opened).
     :param cache_max_entries: size of tier 1 (entries, at least 1).
     :param local: tier 2, or None when `local.enabled` is false.
+    :param value_max_bytes: `value.max-bytes` (None: no limit).
 
     `prefix_states` holds the state ids whose ukeys are `encoded Flink key + suffix` (map
     and list states); their cached entries are indexed by Flink key so that a prefix scan
@@ -60,13 +89,23 @@ class TieredTable:
     """
 
     def __init__(self, store: StateStore, cache_max_entries: int,
-                 local: LocalTier | None) -> None:
+                 local: LocalTier | None, value_max_bytes: int | None = None) -> None:
         self.store = store
+        #: Largest value :meth:`put` accepts (None: no limit).
+        self.value_max_bytes = value_max_bytes
+        #: State names by id, for error messages.
+        self.state_names: dict[int, str] = {}
         self.local = local
         self.prefix_states: set[int] = set()
         self._cache = WriteBackLRU(cache_max_entries, self._evicted)
-        self._spill: dict[EntryId, Entry] = {}
-        self._dirty: set[EntryId] = set()
+        #: The current epoch's dirty entries: content, or None when evicted to tier 2.
+        self._dirty: dict[EntryId, Entry | None] = {}
+        self._dirty_bytes = 0
+        self._dirty_in_local = 0
+        #: Dirty entries evicted from tier 1 without tier 2 (for prefix scans).
+        self._spilled: set[EntryId] = set()
+        #: Frozen epochs not yet durable, oldest first (they answer reads meanwhile).
+        self._frozen: list[FrozenEpoch] = []
         self._index: dict[tuple[int, bytes], set[bytes]] = {}
         self._key_json_memo: LRUCache = LRUCache(maxsize=max(cache_max_entries, 100_000))
         self.store_reads = 0
@@ -100,8 +139,16 @@ class TieredTable:
         self._index_drop(eid)
         if self.local is not None:
             self.local.put(eid[0], eid[1], entry.value, entry.key_group, entry.expires_at_ms)
+            if eid in self._dirty:
+                self._dirty[eid] = None  # the content now lives in tier 2
+                self._dirty_in_local += 1
         elif eid in self._dirty:
-            self._spill[eid] = entry
+            self._spilled.add(eid)
+        else:
+            for frozen in reversed(self._frozen):
+                if eid in frozen.entries:
+                    frozen.spilled.add(eid)
+                    break
 
     def _cache_put(self, eid: EntryId, entry: Entry) -> None:
         if eid not in self._cache:
@@ -110,14 +157,20 @@ class TieredTable:
 
     # -- access ---------------------------------------------------------------------------
     def _lower(self, eid: EntryId) -> Entry | None:
-        """The entry from tier 2 (or the spill), or None when those tiers do not know it."""
-        spilled = self._spill.get(eid)
-        if spilled is not None:
-            return spilled
+        """The entry from tier 2, the current epoch's evicted dirty entries or a frozen
+        epoch not yet durable, or None when only the store may know it."""
+        dirty = self._dirty.get(eid)
+        if dirty is not None:
+            return dirty
         if self.local is not None:
             found = self.local.get(eid[0], eid[1])
             if found is not None:
                 return Entry(*found)
+            return None  # tier 2 holds whatever tier 1 evicted, frozen epochs' entries too
+        for frozen in reversed(self._frozen):
+            entry = frozen.entries.get(eid)
+            if entry is not None:
+                return entry
         return None
 
     def get(self, state_id: int, ukey: bytes, key_group: int) -> Entry:
@@ -143,10 +196,41 @@ class TieredTable:
 
     def put(self, state_id: int, ukey: bytes, key_group: int, value: bytes | None,
             expires_at_ms: int | None = None) -> None:
-        """Set the entry (value None deletes it) and mark it dirty."""
+        """Set the entry (value None deletes it) and mark it dirty.
+
+        :raises ValueTooLargeError: the value exceeds `value.max-bytes` or the encoded key
+            :data:`MAX_UKEY_BYTES` (raised at the update, where the state and key are
+            known; nothing is stored).
+        """
+        self.check_entry(state_id, ukey, value)
         eid = (state_id, ukey)
-        self._cache_put(eid, Entry(value, key_group, expires_at_ms))
-        self._dirty.add(eid)
+        entry = Entry(value, key_group, expires_at_ms)
+        self._cache_put(eid, entry)
+        self._dirty[eid] = entry
+        self._dirty_bytes += ENTRY_OVERHEAD_BYTES + len(ukey) + (len(value) if value else 0)
+
+    def check_entry(self, state_id: int, ukey: bytes, value: bytes | None) -> None:
+        """:raises ValueTooLargeError: :meth:`put` would refuse this entry."""
+        if (value is not None and self.value_max_bytes is not None
+                and len(value) > self.value_max_bytes) or len(ukey) > MAX_UKEY_BYTES:
+            raise self._too_large(state_id, ukey, value)
+
+    def _too_large(self, state_id: int, ukey: bytes, value: bytes | None
+                   ) -> ValueTooLargeError:
+        state = self.state_names.get(state_id, f"id {state_id}")
+        try:
+            key = key_json(ukey)
+        except Exception:
+            key = repr(ukey[:40])
+        if len(ukey) > MAX_UKEY_BYTES:
+            return ValueTooLargeError(
+                f"State {state!r}, key {key}: the encoded key is {len(ukey)} bytes, over the "
+                f"limit of {MAX_UKEY_BYTES} bytes (primary-key size of InnoDB/NDB); nothing "
+                "was stored. Use a shorter key (or map key).")
+        return ValueTooLargeError(
+            f"State {state!r}, key {key}: the serialized value is {len(value or b'')} "
+            f"bytes, over state.backend.ndb.value.max-bytes={self.value_max_bytes}; nothing "
+            "was stored. Store smaller values or raise the limit.")
 
     def preload(self, state_id: int, ukey: bytes, key_group: int, value: bytes | None,
                 expires_at_ms: int | None) -> None:
@@ -170,7 +254,8 @@ class TieredTable:
             if state_id in self.prefix_states else \
             sorted(u for (s, u) in list(self._cache.keys()) if s == state_id
                    and u.startswith(prefix))
-        spilled = sorted(u for (s, u) in self._spill if s == state_id and u.startswith(prefix))
+        spilled = sorted({u for spill in (self._spilled, *(f.spilled for f in self._frozen))
+                          for (s, u) in spill if s == state_id and u.startswith(prefix)})
         local = (u for u, *_ in self.local.iter_prefix(state_id, prefix)) \
             if self.local is not None else iter(())
         remote_versions: dict[bytes, Entry] = {}
@@ -197,13 +282,13 @@ class TieredTable:
         for ukey in heapq.merge(iter(cached), iter(spilled), local, remote()):
             if ukey == last:
                 continue
-            last = ukey
             eid = (state_id, ukey)
             entry = self._cache.get(eid) or self._lower(eid)
             if entry is None:
                 entry = remote_versions.get(ukey)
                 if entry is None:
-                    continue
+                    continue  # not `last`: the store's copy of it may come next
+            last = ukey
             remote_versions.pop(ukey, None)
             yield ukey, entry
 
@@ -212,16 +297,41 @@ class TieredTable:
     def dirty_count(self) -> int:
         return len(self._dirty)
 
-    def dirty_rows(self, json_of: Callable[[int, bytes], str | None]) -> list[WriteRow]:
-        """The rows a snapshot must write: every dirty entry (a tombstone where it has no
-        value). `json_of(state_id, value)` renders the JSON column."""
+    @property
+    def frozen_count(self) -> int:
+        return len(self._frozen)
+
+    def freeze(self) -> FrozenEpoch:
+        """End the current epoch (a snapshot's synchronous phase): its dirty set becomes a
+        frozen epoch, a fresh one takes the writes that follow. O(1) in the entries."""
+        view = None
+        if self.local is not None and self._dirty_in_local:
+            view = self.local.snapshot_view()
+        frozen = FrozenEpoch(self._dirty, view, self._dirty_bytes, self._spilled)
+        self._dirty = {}
+        self._dirty_bytes = 0
+        self._dirty_in_local = 0
+        self._spilled = set()
+        self._frozen.append(frozen)
+        self.epoch_token = uuid.uuid4().int >> 64
+        return frozen
+
+    def render(self, frozen: FrozenEpoch, json_of: Callable[[int, bytes], str | None],
+               between: Callable[[], None] | None = None) -> list[WriteRow]:
+        """The rows that write `frozen` (a tombstone where an entry has no value), in key
+        order. Reads only the frozen epoch and its RocksDB snapshot: safe on the background
+        writer's thread while the task thread goes on. `json_of(state_id, value)` renders
+        the JSON column; `between()` is called every :data:`RENDER_YIELD_ROWS` rows."""
         rows = []
-        for eid in sorted(self._dirty):
-            entry = self._cache.get(eid)
+        view = frozen.local_view
+        for n, eid in enumerate(sorted(frozen.entries)):
+            if between is not None and n % RENDER_YIELD_ROWS == RENDER_YIELD_ROWS - 1:
+                between()
+            entry = frozen.entries[eid]
             if entry is None:
-                entry = self._lower(eid)
-            if entry is None:
-                raise AssertionError(f"dirty entry {eid!r} is in no tier")
+                if view is None:
+                    raise AssertionError(f"frozen entry {eid!r} is in no tier")
+                entry = Entry(*unpack(view[LocalTier.key_of(eid[0], eid[1])]))
             rows.append(WriteRow(
                 entry.key_group, eid[0], eid[1], entry.value is None, entry.value,
                 None if entry.value is None else json_of(eid[0], entry.value),
@@ -236,19 +346,42 @@ class TieredTable:
             found = self._key_json_memo[ukey] = key_json(ukey)
             return found
 
-    def mark_clean(self) -> None:
-        """End of a snapshot: every dirty entry is now stored in tier 3."""
-        self._dirty.clear()
-        self._spill.clear()
-        self.epoch_token = uuid.uuid4().int >> 64
+    def release(self, frozen: FrozenEpoch) -> None:
+        """`frozen` is durable in the store: it no longer answers reads."""
+        self._frozen = [f for f in self._frozen if f is not frozen]
+
+    def take_back(self, failed: list[FrozenEpoch]) -> int:
+        """The writes of `failed` (oldest first) did not become a snapshot: their entries
+        go into the current epoch, under what it changed since (newer wins). Returns the
+        entries taken back."""
+        gone = {id(f) for f in failed}
+        self._frozen = [f for f in self._frozen if id(f) not in gone]
+        taken = 0
+        for frozen in reversed(failed):  # newest first: setdefault keeps the newest
+            for eid, entry in frozen.entries.items():
+                if eid in self._dirty:
+                    continue
+                if entry is None:
+                    # Evicted to tier 2 before that freeze and not written since: tier 2
+                    # still holds this content (only a put replaces it, and a put makes
+                    # the entry dirty in a later epoch).
+                    self._dirty_in_local += 1
+                self._dirty[eid] = entry
+                self._dirty_bytes += frozen.approx_bytes // max(len(frozen.entries), 1)
+                taken += 1
+            self._spilled |= {e for e in frozen.spilled if e in self._dirty}
+        return taken
 
     def clear(self) -> None:
         """Forget everything in tiers 1-2 (restore, truncate); the dirty set too."""
         # A fresh LRU: clearing the old one would evict (write back) every entry.
         self._cache = WriteBackLRU(int(self._cache.maxsize), self._evicted)
         self._index.clear()
-        self._spill.clear()
-        self._dirty.clear()
+        self._spilled = set()
+        self._dirty = {}
+        self._dirty_bytes = 0
+        self._dirty_in_local = 0
+        self._frozen = []
         if self.local is not None:
             self.local.clear()
 

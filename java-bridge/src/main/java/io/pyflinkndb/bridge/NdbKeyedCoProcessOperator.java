@@ -74,7 +74,9 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
             CheckpointStreamFactory factory)
             throws Exception {
         hooks().beforeSnapshot(checkpointId, checkpointOptions);
-        return super.snapshotState(checkpointId, timestamp, checkpointOptions, factory);
+        return hooks().wrapSnapshot(
+                checkpointId,
+                super.snapshotState(checkpointId, timestamp, checkpointOptions, factory));
     }
 
     @Override

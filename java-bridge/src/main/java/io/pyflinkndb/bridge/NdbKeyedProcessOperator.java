@@ -70,7 +70,9 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
             CheckpointStreamFactory factory)
             throws Exception {
         hooks().beforeSnapshot(checkpointId, checkpointOptions);
-        return super.snapshotState(checkpointId, timestamp, checkpointOptions, factory);
+        return hooks().wrapSnapshot(
+                checkpointId,
+                super.snapshotState(checkpointId, timestamp, checkpointOptions, factory));
     }
 
     @Override

@@ -5,11 +5,15 @@ import org.apache.flink.api.common.state.ListState;
 import org.apache.flink.api.common.state.ListStateDescriptor;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
+import org.apache.flink.runtime.state.DoneFuture;
 import org.apache.flink.runtime.state.KeyGroupRange;
 import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
 import org.apache.flink.runtime.state.StateInitializationContext;
+import org.apache.flink.runtime.state.OperatorStateHandle;
+import org.apache.flink.runtime.state.SnapshotResult;
 import org.apache.flink.runtime.state.StateSnapshotContext;
 import org.apache.flink.runtime.taskmanager.TaskManagerRuntimeInfo;
+import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.StreamingRuntimeContext;
 import org.apache.flink.streaming.api.operators.python.AbstractPythonFunctionOperator;
 
@@ -26,6 +30,8 @@ import java.util.List;
 import java.util.Map;
 import java.util.OptionalLong;
 import java.util.TreeMap;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.RunnableFuture;
 
 /**
  * The life-cycle logic shared by {@link NdbKeyedProcessOperator} and {@link
@@ -38,7 +44,8 @@ import java.util.TreeMap;
  * from pyflink_ndb.runtime.bridge import bind as ndb_bind
  * ndb_bind_info  = "&lt;JSON&gt;"            # str
  * ndb_key_groups = &lt;KeyGroupProbe&gt;       # Java object, .currentKeyGroup() -> int
- * ndb_backend    = ndb_bind(ndb_bind_info, ndb_key_groups)
+ * ndb_listener   = &lt;DurabilityListener&gt;  # Java object, .durable(id) / .failed(id, msg)
+ * ndb_backend    = ndb_bind(ndb_bind_info, ndb_key_groups, ndb_listener)
  * ndb_backend.snapshot(checkpoint_id: int, is_savepoint: bool) -> str   # the token
  * ndb_backend.notify_checkpoint_complete(checkpoint_id: int)
  * ndb_backend.notify_checkpoint_aborted(checkpoint_id: int)
@@ -71,6 +78,7 @@ final class StateBackendHooks {
     static final String PY_BIND_INFO = "ndb_bind_info";
 
     static final String PY_KEY_GROUPS = "ndb_key_groups";
+    static final String PY_LISTENER = "ndb_listener";
     static final String PY_BACKEND = "ndb_backend";
 
     private final AbstractPythonFunctionOperator<?> operator;
@@ -96,6 +104,14 @@ final class StateBackendHooks {
     private long lastSnapshotCheckpointId = Long.MIN_VALUE;
 
     private boolean lastSnapshotIsSavepoint;
+
+    /** Completes each checkpoint's asynchronous phase when Python says it is durable. */
+    private final DurabilityListener listener = new DurabilityListener();
+
+    /** The epoch future of the snapshot being taken (set in snapshotState(ctx)). */
+    private CompletableFuture<Void> lastDurable;
+
+    private long lastDurableCheckpointId = Long.MIN_VALUE;
 
     StateBackendHooks(AbstractPythonFunctionOperator<?> operator, String stateOptionsJson) {
         this.operator = operator;
@@ -161,7 +177,16 @@ final class StateBackendHooks {
         interpreter.exec("from pyflink_ndb.runtime.bridge import bind as ndb_bind");
         interpreter.set(PY_BIND_INFO, info);
         interpreter.set(PY_KEY_GROUPS, probe);
-        interpreter.exec(PY_BACKEND + " = ndb_bind(" + PY_BIND_INFO + ", " + PY_KEY_GROUPS + ")");
+        interpreter.set(PY_LISTENER, listener);
+        interpreter.exec(
+                PY_BACKEND
+                        + " = ndb_bind("
+                        + PY_BIND_INFO
+                        + ", "
+                        + PY_KEY_GROUPS
+                        + ", "
+                        + PY_LISTENER
+                        + ")");
         boundInterpreter = interpreter;
         TaskInfo ti = operator.getRuntimeContext().getTaskInfo();
         LOG.info(
@@ -188,18 +213,30 @@ final class StateBackendHooks {
     }
 
     /**
-     * Call after {@code super.snapshotState(ctx)}. The Python call returns only when the delta is
-     * durable; any exception propagates and fails the checkpoint.
+     * Call after {@code super.snapshotState(ctx)}: the synchronous phase. Python freezes the
+     * dirty set and returns the token; its background writer reports the epoch to {@link
+     * #listener}, whose future {@link #wrapSnapshot} puts in front of Flink's asynchronous
+     * phase. Any exception propagates and fails the checkpoint (and the task).
      */
     void snapshotState(StateSnapshotContext ctx) throws Exception {
         long checkpointId = ctx.getCheckpointId();
         boolean isSavepoint = checkpointId == lastSnapshotCheckpointId && lastSnapshotIsSavepoint;
+        lastDurable = null;
         if (boundInterpreter == null) {
             // Never bound (should not happen for a running task): keep what we restored.
             tokensState.update(restoredTokens);
             return;
         }
-        Object token = boundInterpreter.invokeMethod(PY_BACKEND, "snapshot", checkpointId, isSavepoint);
+        CompletableFuture<Void> durable = listener.register(checkpointId);
+        Object token;
+        try {
+            token = boundInterpreter.invokeMethod(PY_BACKEND, "snapshot", checkpointId, isSavepoint);
+        } catch (RuntimeException e) {
+            listener.forget(checkpointId);
+            throw e;
+        }
+        lastDurable = durable;
+        lastDurableCheckpointId = checkpointId;
         if (!(token instanceof String)) {
             throw new IllegalStateException(
                     "pyflink-ndb: ndb_backend.snapshot() must return the token (str), got "
@@ -207,6 +244,25 @@ final class StateBackendHooks {
         }
         tokensState.update(Collections.singletonList((String) token));
         legacyOffsetState.update(Collections.<Long>emptyList());
+    }
+
+    /**
+     * Call on the {@link OperatorSnapshotFutures} that {@code super.snapshotState(id, ...)}
+     * returned: Flink's asynchronous phase of this checkpoint first waits for the epoch.
+     */
+    OperatorSnapshotFutures wrapSnapshot(long checkpointId, OperatorSnapshotFutures futures) {
+        CompletableFuture<Void> durable = lastDurable;
+        lastDurable = null;
+        if (futures == null || durable == null || lastDurableCheckpointId != checkpointId) {
+            return futures;
+        }
+        RunnableFuture<SnapshotResult<OperatorStateHandle>> inner =
+                futures.getOperatorStateManagedFuture();
+        if (inner == null) {
+            inner = DoneFuture.of(SnapshotResult.empty());
+        }
+        futures.setOperatorStateManagedFuture(new DurableSnapshotFuture<>(inner, durable));
+        return futures;
     }
 
     void notifyCheckpointComplete(long checkpointId) {
@@ -232,8 +288,12 @@ final class StateBackendHooks {
     void close() {
         PythonInterpreter interpreter = boundInterpreter;
         boundInterpreter = null;
-        if (interpreter != null) {
-            interpreter.invokeMethod(PY_BACKEND, "close");
+        try {
+            if (interpreter != null) {
+                interpreter.invokeMethod(PY_BACKEND, "close");
+            }
+        } finally {
+            listener.failAll("the subtask closed before the checkpoint was written");
         }
     }
 

@@ -1,0 +1,317 @@
+"""The background writer of one subtask: the store work of the checkpoint protocol, off the
+task thread (docs/protocol.md, "Asynchronous flush").
+
+Flink splits a snapshot into a synchronous phase on the task thread, which must be short
+(records wait meanwhile), and an asynchronous phase that Flink's `AsyncCheckpointRunnable`
+waits for on a thread of its own before the task acknowledges the checkpoint
+(`org.apache.flink.streaming.runtime.tasks.AsyncCheckpointRunnable`,
+`OperatorSnapshotFinalizer`). The synchronous phase of this backend only freezes the dirty
+set; the jobs of this module render and write it, and report each checkpoint's outcome
+(`on_durable` / `on_failed`) to the Java bridge, which completes the future that Flink's
+asynchronous phase waits for.
+
+Jobs run one at a time, in the order they were submitted (a single thread with a FIFO
+queue): epochs are written in checkpoint order, and a completion or an abort runs after
+the write it refers to. The task thread only submits jobs and, at each hook, takes the
+outcomes (:meth:`BackgroundWriter.take_outcomes`).
+
+Threads and the GIL (measured with PEMJA 0.5.7, java-bridge/README.md): PEMJA releases
+the GIL whenever a call from Java into Python returns, so this thread runs while the task
+thread is in Java; it competes for the GIL while the task thread runs Python, and yields it
+between statements (:func:`time.sleep` of 0) so that the task thread waits for it as
+little as possible.
+
+`inline=True` runs each job at once on the caller's thread (no thread): the synchronous
+flush of `state.backend.ndb.write.async: false`, and of stores that cannot be opened
+twice (`sqlite:///:memory:`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyflink_ndb.errors import CheckpointError, FencedError
+
+log = logging.getLogger(__name__)
+
+#: Seconds that :meth:`BackgroundWriter.close` waits for a running job to stop.
+CLOSE_WAIT_SECONDS = 10.0
+#: Seconds an idle writer thread lives on (a new one starts with the next job).
+IDLE_EXIT_SECONDS = 5.0
+
+
+class WriteCancelled(Exception):
+    """Raised inside a job when the writer is closing: the job stops between statements."""
+
+
+@dataclass
+class Job:
+    """One unit of store work.
+
+    :param run: the work; runs on the writer thread (or inline).
+    :param checkpoint_id: the checkpoint a write job writes (None for other jobs).
+    :param pending_bytes: the estimated bytes the job holds until it finished (counted
+        against `write.max-pending-bytes`).
+    :param fail_fast: True for epoch writes: once a write failed, the later writes fail
+        without running (each builds on the rows of the ones before it).
+    """
+
+    run: Callable[[], object]
+    checkpoint_id: int | None = None
+    pending_bytes: int = 0
+    fail_fast: bool = False
+    name: str = "job"
+
+
+@dataclass
+class Outcome:
+    """What a finished job left for the task thread."""
+
+    job: Job
+    error: BaseException | None = None
+    result: object = None
+
+
+@dataclass
+class _State:
+    queue: deque[Job] = field(default_factory=deque)
+    running: Job | None = None
+    pending_bytes: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+    #: The first write failure not yet handled by the task thread (poisons later writes).
+    failure: BaseException | None = None
+    closing: bool = False
+
+
+class BackgroundWriter:
+    """A FIFO of jobs run by one daemon thread (or inline).
+
+    :param name: thread name (shown in thread dumps and py-spy).
+    :param max_pending_bytes: bound of the bytes of submitted, unfinished jobs; a submit
+        that would exceed it waits (back-pressure), unless nothing else is pending.
+    :param on_durable: called on the writer thread with the checkpoint id after a write job
+        succeeded (the bridge completes Flink's asynchronous phase).
+    :param on_failed: called with the checkpoint id and a message after a write job failed.
+    :param inline: run jobs on the submitting thread instead.
+    """
+
+    def __init__(self, name: str, max_pending_bytes: int,
+                 on_durable: Callable[[int], None] | None = None,
+                 on_failed: Callable[[int, str], None] | None = None,
+                 inline: bool = False) -> None:
+        self.name = name
+        self.max_pending_bytes = max_pending_bytes
+        self.on_durable = on_durable
+        self.on_failed = on_failed
+        self.inline = inline
+        self._s = _State()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        #: Seconds submitters spent waiting for room (back-pressure), in total.
+        self.waited_s = 0.0
+
+    # -- task thread ----------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue `job` (inline: run it now; its error is raised).
+
+        Waits while the pending bytes would exceed the bound.
+
+        :raises CheckpointError: the writer is closed.
+        """
+        if self.inline:
+            self._run_inline(job)
+            return
+        with self._cv:
+            if self._s.closing:
+                raise CheckpointError(f"The background writer {self.name} is closed.")
+            if job.pending_bytes and self._s.pending_bytes:
+                start = time.monotonic()
+                while (self._s.pending_bytes
+                       and self._s.pending_bytes + job.pending_bytes > self.max_pending_bytes
+                       and not self._s.closing):
+                    self._cv.wait(1.0)
+                self.waited_s += time.monotonic() - start
+            self._s.queue.append(job)
+            self._s.pending_bytes += job.pending_bytes
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self.name,
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _run_inline(self, job: Job) -> None:
+        try:
+            result = job.run()
+        except BaseException as err:
+            self._s.outcomes.append(Outcome(job, err))
+            if job.checkpoint_id is not None and self.on_failed is not None:
+                self.on_failed(job.checkpoint_id, str(err))
+            raise
+        self._s.outcomes.append(Outcome(job, None, result))
+        if job.fail_fast and job.checkpoint_id is not None and self.on_durable is not None:
+            self.on_durable(job.checkpoint_id)
+
+    def take_outcomes(self) -> list[Outcome]:
+        """The outcomes of the jobs finished since the last call, in order."""
+        with self._cv:
+            out, self._s.outcomes = self._s.outcomes, []
+            return out
+
+    def failure(self) -> BaseException | None:
+        """The write failure that poisons later writes, or None."""
+        with self._cv:
+            return self._s.failure
+
+    def wait_writes_settled(self) -> None:
+        """Wait until no write job is queued or running (after a failure they fail at
+        once, so this returns quickly)."""
+        with self._cv:
+            while any(j.fail_fast for j in self._s.queue) or (
+                    self._s.running is not None and self._s.running.fail_fast):
+                self._cv.wait(1.0)
+
+    def clear_failure(self) -> None:
+        """The task thread took the failed epochs back: later writes run again."""
+        with self._cv:
+            self._s.failure = None
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait until every submitted job finished; False on timeout."""
+        if self.inline:
+            return True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            while self._s.queue or self._s.running is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(1.0 if left is None else min(left, 1.0))
+        return True
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        """Wait until `predicate()` (evaluated under the writer's lock after each job)."""
+        if self.inline:
+            return predicate()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            while not predicate():
+                if not self._s.queue and self._s.running is None:
+                    return predicate()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(1.0 if left is None else min(left, 1.0))
+        return True
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._s.pending_bytes
+
+    @property
+    def queued(self) -> int:
+        with self._cv:
+            return len(self._s.queue) + (self._s.running is not None)
+
+    def writing(self) -> int | None:
+        """The checkpoint whose epoch the writer is writing right now, or None."""
+        job = self._s.running
+        return job.checkpoint_id if job is not None and job.fail_fast else None
+
+    def checkpoint_pending(self, checkpoint_id: int) -> bool:
+        """True while a write job of `checkpoint_id` is queued or running."""
+        with self._cv:
+            jobs = list(self._s.queue) + ([self._s.running] if self._s.running else [])
+            return any(j.checkpoint_id == checkpoint_id and j.fail_fast for j in jobs)
+
+    def close(self) -> list[Job]:
+        """Stop: queued jobs are dropped (returned), a running one stops at its next
+        statement boundary (:meth:`check_cancelled`); waits up to
+        :data:`CLOSE_WAIT_SECONDS` for it. Idempotent."""
+        with self._cv:
+            self._s.closing = True
+            dropped = list(self._s.queue)
+            self._s.queue.clear()
+            self._cv.notify_all()
+            thread = self._thread
+        for job in dropped:
+            if job.fail_fast and job.checkpoint_id is not None and self.on_failed is not None:
+                try:
+                    self.on_failed(job.checkpoint_id, "the subtask closed before it was written")
+                except Exception:  # the Java side may already be gone
+                    log.debug("on_failed after close", exc_info=True)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT_SECONDS)
+            if thread.is_alive():
+                log.warning("pyflink-ndb: background writer %s still runs a statement %.0f s "
+                            "after close; it stops at the next one (fenced, invisible)",
+                            self.name, CLOSE_WAIT_SECONDS)
+        return dropped
+
+    # -- writer thread --------------------------------------------------------------------
+    def check_cancelled(self) -> None:
+        """Between two statements of a job: raise :class:`WriteCancelled` when closing, and
+        let the task thread take the GIL."""
+        if self._s.closing:
+            raise WriteCancelled(self.name)
+        time.sleep(0)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                if not self._s.queue and not self._s.closing:
+                    self._cv.wait(IDLE_EXIT_SECONDS)
+                if self._s.closing:
+                    return
+                if not self._s.queue:
+                    self._thread = None  # idle: exit; submit() starts another
+                    return
+                job = self._s.running = self._s.queue.popleft()
+                poisoned = self._s.failure if job.fail_fast else None
+            error: BaseException | None = None
+            result: object = None
+            if poisoned is not None:
+                error = CheckpointError(
+                    f"Checkpoint {job.checkpoint_id} was not written: the write of an earlier "
+                    f"checkpoint failed ({poisoned}); its entries go into the next one.")
+            else:
+                try:
+                    result = job.run()
+                except WriteCancelled:
+                    with self._cv:
+                        self._s.running = None
+                        self._cv.notify_all()
+                    return
+                except BaseException as err:  # reported to the task thread and to Flink
+                    error = err
+            with self._cv:
+                self._s.running = None
+                self._s.pending_bytes -= job.pending_bytes
+                self._s.outcomes.append(Outcome(job, error, result))
+                if error is not None and job.fail_fast and self._s.failure is None:
+                    self._s.failure = error
+                self._cv.notify_all()
+            if job.fail_fast and job.checkpoint_id is not None:
+                self._report(job.checkpoint_id, error)
+            if error is not None and not job.fail_fast:
+                log.warning("pyflink-ndb: background %s failed: %s", job.name, error)
+
+    def _report(self, checkpoint_id: int, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                if self.on_durable is not None:
+                    self.on_durable(checkpoint_id)
+            elif self.on_failed is not None:
+                self.on_failed(checkpoint_id, _describe(error))
+        except Exception:
+            log.exception("pyflink-ndb: could not report checkpoint %d to the bridge",
+                          checkpoint_id)
+
+
+def _describe(error: BaseException) -> str:
+    kind = "fenced" if isinstance(error, FencedError) else type(error).__name__
+    return f"{kind}: {error}"
