@@ -163,6 +163,33 @@ def wait_for_checkpoint(jid: str, timeout_s: float = 60) -> None:
     pytest.fail(f"no checkpoint completed in {timeout_s} s\n{log_tail()}")
 
 
+def ndb_metrics(jid: str) -> dict[str, float]:
+    """The pyflink_ndb metrics of every subtask of the job, as the REST API shows them
+    (`<subtask>.<operator>.pyflink_ndb.<name>` -> value)."""
+    out: dict[str, float] = {}
+    for vertex in rest(f"/jobs/{jid}")["vertices"]:
+        base = f"/jobs/{jid}/vertices/{vertex['id']}/metrics"
+        ids = [m["id"] for m in rest(base) if ".pyflink_ndb." in m["id"]]
+        if ids:
+            for m in rest(base + "?get=" + ",".join(ids)):
+                out[m["id"]] = float(m["value"])
+    return out
+
+
+def wait_for_metrics(jid: str, timeout_s: float = 45) -> dict[str, float]:
+    """Wait until the REST API shows a durable checkpoint in the metrics (the web UI's
+    metric fetcher refreshes every 10 s)."""
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        seen = ndb_metrics(jid)
+        if any(k.endswith(".pyflink_ndb.checkpointsWritten") and v >= 1
+               for k, v in seen.items()):
+            return seen
+        time.sleep(1)
+    pytest.fail(f"no pyflink_ndb metrics over REST after {timeout_s} s: {seen}")
+
+
 def test_stop_with_savepoint_then_restore_at_other_parallelism(
         cluster: str, mysql_url: str, namespace: str, tmp_path: Path):
     options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace}
@@ -172,7 +199,7 @@ def test_stop_with_savepoint_then_restore_at_other_parallelism(
     # Parallelism 2, slowed down so that it is still running when stopped.
     first = subprocess.Popen(
         ["bash", *SCRIPT, "flink", "run", *job_args(mysql_url, namespace, 2,
-                                                    "--throttle-ms", "1")],
+                                                    "--throttle-ms", "3")],
         env=cluster_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     output: list[str] = []
@@ -181,6 +208,13 @@ def test_stop_with_savepoint_then_restore_at_other_parallelism(
     try:
         jid = wait_for_running_job(first)
         wait_for_checkpoint(jid)
+        # Issue 10: the backend's metrics are in Flink's metric system, read over REST.
+        metrics = wait_for_metrics(jid)
+        names = {k.rsplit(".", 1)[1] for k in metrics}
+        assert {"tier1Hits", "storeReads", "entriesWritten", "rowsWritten", "retries",
+                "checkpointsFailed"} <= names, sorted(names)
+        assert sum(v for k, v in metrics.items() if k.endswith(".entriesWritten")) >= 1
+        assert sum(v for k, v in metrics.items() if k.endswith(".checkpointsFailed")) == 0
         stop = flink("stop", "--savepointPath", (tmp_path / "savepoints").as_uri(), jid,
                      timeout=90)
         stopped = stop.stdout + stop.stderr

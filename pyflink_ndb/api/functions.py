@@ -15,6 +15,7 @@ from pyflink.datastream import KeyedCoProcessFunction, KeyedProcessFunction, Run
 
 from pyflink_ndb.api.context import TieredRuntimeContext
 from pyflink_ndb.runtime.bridge import claim_bound_backend
+from pyflink_ndb.runtime.metrics import register as register_metrics
 
 
 class _TieredFunction:
@@ -26,6 +27,7 @@ class _TieredFunction:
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self._backend = claim_bound_backend()
+        self._backend.metrics = register_metrics(runtime_context, self._backend)
         self.function.open(TieredRuntimeContext(runtime_context, self._backend))
 
     def close(self) -> None:

@@ -142,6 +142,15 @@ class CheckpointProtocol:
         self._in_flight: dict[int, FrozenEpoch] = {}
         #: Entries taken back from failed writes into a later epoch (total).
         self.entries_taken_back = 0
+        #: Totals for metrics and logs (written by the writer thread, read anywhere).
+        self.entries_written = 0
+        self.bytes_written = 0
+        self.epochs_written = 0
+        self.epochs_failed = 0
+        self.last_flush_ms = 0.0
+        self.last_sync_ms = 0.0
+        self.last_dirty_entries = 0
+        self.restore_ms = 0.0
         self.table = table
         self.options = options
         self.scope = scope
@@ -185,6 +194,7 @@ class CheckpointProtocol:
             `on-fresh-start` is `fail`.
         """
         s = self.scope
+        started = time.perf_counter()
         self.table.clear()
         origin: dict[str, object]
         reset = False
@@ -243,9 +253,10 @@ class CheckpointProtocol:
             # own, and tier 2 holds all of them (docs/protocol.md, "Visibility").
             self.table.store_has_nothing = lambda kg: not lineage.segment(kg).inherited
         self._forget_abandoned(snapshots, before, reset)
-        log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s)",
-                 s.operator, s.subtask_index, s.attempt, s.key_group_start, s.key_group_end,
-                 self.branch, origin["kind"])
+        self.restore_ms = (time.perf_counter() - started) * 1000
+        log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s) "
+                 "in %.0f ms", s.operator, s.subtask_index, s.attempt, s.key_group_start,
+                 s.key_group_end, self.branch, origin["kind"], self.restore_ms)
 
     def _check_restorable(self, tokens: Sequence[Token], snapshots: Sequence[SnapshotRow]
                           ) -> None:
@@ -344,7 +355,9 @@ class CheckpointProtocol:
         if not 0 < checkpoint_id <= MAX_EPOCH:
             raise CheckpointError(f"Checkpoint id {checkpoint_id} is outside 1..{MAX_EPOCH}.")
         kind = kind or (KIND_SAVEPOINT if is_savepoint else KIND_CHECKPOINT)
+        started = time.perf_counter()
         frozen = self.table.freeze()
+        self.last_dirty_entries = len(frozen.entries)
         self._in_flight[checkpoint_id] = frozen
         self._kinds[checkpoint_id] = kind
         job = Job(lambda: self._write_epoch(fence, checkpoint_id, kind, frozen),
@@ -357,6 +370,7 @@ class CheckpointProtocol:
             raise
         if self.writer.inline:
             self.settle()
+        self.last_sync_ms = (time.perf_counter() - started) * 1000
         return Token(self.branch, checkpoint_id, self.scope.key_group_start,
                      self.scope.key_group_end)
 
@@ -365,6 +379,7 @@ class CheckpointProtocol:
         """Writer thread: render and write `frozen`, then the snapshot row (last: the
         epoch becomes restorable only once every row is committed)."""
         version = version_of(self.branch, checkpoint_id)
+        started = time.perf_counter()
         between = None if self.writer.inline else self.writer.check_cancelled
         rows = self.table.render(frozen, self._json_of, between)
         try:
@@ -379,9 +394,19 @@ class CheckpointProtocol:
             raise CheckpointError(
                 f"Checkpoint {checkpoint_id} of {self.scope.operator!r} could not be "
                 f"written to {self.wstore.describe()}: {err}") from err
+        size = 0
         for row in rows:
             self.ledger.record((row.key_group, row.state_id, row.ukey), version, row.tombstone)
+            size += len(row.ukey) + (len(row.value) if row.value else 0)
         self.rows_written += written
+        self.entries_written += len(rows)
+        self.bytes_written += size
+        self.epochs_written += 1
+        self.last_flush_ms = (time.perf_counter() - started) * 1000
+        log.info("pyflink-ndb %s/%d: checkpoint %d durable: %d entries, %d rows, %d bytes "
+                 "in %.0f ms (synchronous phase %.2f ms)", self.scope.operator,
+                 self.scope.subtask_index, checkpoint_id, len(rows), written, size,
+                 self.last_flush_ms, self.last_sync_ms)
         return written
 
     def settle(self, raise_fenced: bool = True) -> None:
@@ -424,6 +449,7 @@ class CheckpointProtocol:
                 self.table.release(frozen)
             else:
                 self._kinds.pop(cid, None)
+                self.epochs_failed += 1
                 failed.append(frozen)
                 log.warning("pyflink-ndb %s/%d: checkpoint %d failed in the background "
                             "(%s); its %d entries go into the next checkpoint",

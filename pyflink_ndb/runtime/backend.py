@@ -135,6 +135,8 @@ class SubtaskStateBackend:
         self.current_key_group = -1
         #: True once records set the current key themselves (see :meth:`attach_operation`).
         self.keys_from_records = False
+        #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
+        self.metrics: Any = None
         self.protocol.open(restored_tokens(self.store, info))
         if options.restore_mode == "eager":
             loaded = self.protocol.prefetch(self.store.state_ids(info.operator))
@@ -206,9 +208,13 @@ class SubtaskStateBackend:
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.protocol.complete(int(checkpoint_id))
+        if self.metrics is not None:
+            self.metrics.push()
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         self.protocol.abort(int(checkpoint_id))
+        if self.metrics is not None:
+            self.metrics.push()
 
     def finish(self) -> None:
         """End of bounded input: without checkpointing, write and commit a final epoch

@@ -17,6 +17,7 @@ memory, and frozen epochs answer reads until they are durable.
 from __future__ import annotations
 
 import heapq
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -117,6 +118,11 @@ class TieredTable:
         #: there needs no round trip to the store.
         self.store_has_nothing: Callable[[int], bool] = _never
         self.store_reads_saved = 0
+        #: Reads answered by tier 1 / by tier 2 or a frozen epoch (metrics).
+        self.tier1_hits = 0
+        self.tier2_hits = 0
+        #: Seconds spent in point reads of the store (metrics).
+        self.store_read_seconds = 0.0
         #: Changes with every snapshot: lets a state tell "written in this epoch" apart.
         self.epoch_token = uuid.uuid4().int >> 64
 
@@ -178,15 +184,20 @@ class TieredTable:
         eid = (state_id, ukey)
         entry = self._cache.get(eid)
         if entry is not None:
+            self.tier1_hits += 1
             return entry
         entry = self._lower(eid)
-        if entry is None and self.store_has_nothing(key_group):
+        if entry is not None:
+            self.tier2_hits += 1
+        elif self.store_has_nothing(key_group):
             self.store_reads_saved += 1
             entry = Entry(None, key_group, None)
         if entry is None:
             self.store_reads += 1
+            started = time.perf_counter()
             version = self.store.read_latest(state_id, key_group, ukey,
                                              self.visibility(key_group))
+            self.store_read_seconds += time.perf_counter() - started
             if version is None or version.tombstone:
                 entry = Entry(None, key_group, None)
             else:
