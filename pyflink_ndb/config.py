@@ -68,7 +68,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "dropped). At least 1."),
     OptionSpec("restore.mode", "restore_mode", "lazy",
                "`lazy`: read each key from the store when first needed; `eager`: prefetch the "
-               "subtask's key groups into the local tier at open."),
+               "subtask's key groups into the local tier at open, before the first record; "
+               "`background`: lazy, and the background writer streams the key groups into "
+               "the local tier in pages meanwhile (a key group done needs no store reads); "
+               "needs `local.enabled` and `write.async`, else it is `eager`."),
     OptionSpec("on-fresh-start", "on_fresh_start", "fail",
                "A start without a restored checkpoint on a namespace that holds committed "
                "state: `fail`, `resume` (from the latest completed checkpoint) or `truncate`."),
@@ -144,7 +147,8 @@ class NdbStateOptions:
         _require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
         _require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
         _require(self.write_max_pending_bytes >= 1, "write.max-pending-bytes", "at least 1")
-        _require(self.restore_mode in ("lazy", "eager"), "restore.mode", "`lazy` or `eager`")
+        _require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
+                 "`lazy`, `eager` or `background`")
         _require(self.on_fresh_start in ("fail", "resume", "truncate"), "on-fresh-start",
                  "`fail`, `resume` or `truncate`")
         if self.checkpoints_retained is not None:

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from cachetools import LRUCache
 
+from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.serialization.keys import encode_key
@@ -138,10 +139,19 @@ class SubtaskStateBackend:
         #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
         self.metrics: Any = None
         self.protocol.open(restored_tokens(self.store, info))
-        if options.restore_mode == "eager":
+        #: The background prefetch (`restore.mode: background`), or None.
+        self.prefetch: BackgroundPrefetch | None = None
+        if options.restore_mode == "eager" or (
+                options.restore_mode == "background"
+                and (self.table.local is None or self.write_store is None)):
+            # Background prefetch needs tier 2 and the background writer; else eager.
             loaded = self.protocol.prefetch(self.store.state_ids(info.operator))
             log.info("pyflink-ndb %s/%d prefetched %d entries", info.operator,
                      info.subtask_index, loaded)
+        elif options.restore_mode == "background" and self.protocol.restored is not None:
+            self.prefetch = BackgroundPrefetch(self.protocol,
+                                               self.store.state_ids(info.operator))
+            self.prefetch.start()
 
     # -- states ---------------------------------------------------------------------------
     def register_state(self, name: str, kind: str, ttl_ms: int | None, *,

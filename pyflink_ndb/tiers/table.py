@@ -17,6 +17,7 @@ memory, and frozen epochs answer reads until they are durable.
 from __future__ import annotations
 
 import heapq
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -118,6 +119,9 @@ class TieredTable:
         #: there needs no round trip to the store.
         self.store_has_nothing: Callable[[int], bool] = _never
         self.store_reads_saved = 0
+        #: Held while tier 2 is written from two threads: the task thread's evictions and
+        #: the background prefetch (:meth:`preload_absent`).
+        self.local_lock = threading.Lock()
         #: Reads answered by tier 1 / by tier 2 or a frozen epoch (metrics).
         self.tier1_hits = 0
         self.tier2_hits = 0
@@ -144,7 +148,9 @@ class TieredTable:
     def _evicted(self, eid: EntryId, entry: Entry) -> None:
         self._index_drop(eid)
         if self.local is not None:
-            self.local.put(eid[0], eid[1], entry.value, entry.key_group, entry.expires_at_ms)
+            with self.local_lock:
+                self.local.put(eid[0], eid[1], entry.value, entry.key_group,
+                               entry.expires_at_ms)
             if eid in self._dirty:
                 self._dirty[eid] = None  # the content now lives in tier 2
                 self._dirty_in_local += 1
@@ -250,6 +256,26 @@ class TieredTable:
             self.local.put(state_id, ukey, value, key_group, expires_at_ms)
         else:
             self._cache_put((state_id, ukey), Entry(value, key_group, expires_at_ms))
+
+    def preload_absent(self, state_id: int, key_group: int,
+                       page: list[tuple[bytes, Any]]) -> int:
+        """Background prefetch (another thread): put the stored versions of `page`
+        ((ukey, StoredVersion) pairs) into tier 2 where no tier, dirty set or epoch in
+        flight knows the entry; returns the entries put. Needs tier 2."""
+        if self.local is None:
+            return 0
+        put = 0
+        with self.local_lock:
+            for ukey, version in page:
+                eid = (state_id, ukey)
+                if (eid in self._cache or eid in self._dirty
+                        or any(eid in f.entries for f in self._frozen)
+                        or self.local.get(state_id, ukey) is not None):
+                    continue
+                self.local.put(state_id, ukey, None if version.tombstone else version.value,
+                               key_group, version.expires_at_ms)
+                put += 1
+        return put
 
     def scan_prefix(self, state_id: int, key_group: int, prefix: bytes
                     ) -> Iterator[tuple[bytes, Entry]]:
