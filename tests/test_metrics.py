@@ -87,3 +87,26 @@ def test_counts_stay_in_python_until_a_notification_pushes_the_deltas(tmp_path):
     assert register(object(), sub.backend) is None, "no metrics outside Flink"
     sub.close()
     store.close()
+
+
+def test_a_tiered_state_error_is_logged_once_with_its_fix_and_reraised(caplog):
+    import pytest
+
+    from pyflink_ndb.api.functions import TieredKeyedProcessFunction
+    from pyflink_ndb.errors import ValueTooLargeError
+
+    class Failing:
+        def process_element(self, value, ctx):
+            yield value
+            raise ValueTooLargeError("State 'v', key \"k\": ... raise the limit.")
+
+    fn = TieredKeyedProcessFunction(Failing())
+    fn._backend = type("B", (), {"keys_from_records": True})()
+    for _ in range(3):
+        out = []
+        with pytest.raises(ValueTooLargeError):
+            for v in fn.process_element(1, None):
+                out.append(v)
+        assert out == [1]
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "raise the limit" in errors[0].getMessage()

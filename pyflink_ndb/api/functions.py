@@ -9,21 +9,48 @@ from `ctx.get_current_key()`; before each timer always from the timer context.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 from pyflink.datastream import KeyedCoProcessFunction, KeyedProcessFunction, RuntimeContext
 
 from pyflink_ndb.api.context import TieredRuntimeContext
+from pyflink_ndb.errors import NdbStateError
 from pyflink_ndb.runtime.bridge import claim_bound_backend
 from pyflink_ndb.runtime.metrics import register as register_metrics
 
+log = logging.getLogger(__name__)
+
 
 class _TieredFunction:
-    """Life cycle shared by the wrappers: `function` is the user's keyed function."""
+    """Life cycle shared by the wrappers: `function` is the user's keyed function.
+
+    An error of the tiered state (a value too large, one that cannot be serialized, an
+    unreachable database: :class:`~pyflink_ndb.errors.NdbStateError`, whose message says
+    the fix) is logged once per subtask attempt at ERROR, then re-raised: Flink's restart
+    strategy decides what follows.
+    """
 
     def __init__(self, function: Any) -> None:
         self.function = function
         self._backend: Any = None
+        self._logged: set[str] = set()
+
+    def _guard(self, result: Any) -> Iterator[Any]:
+        """Iterate the user's results (a generator runs the state calls lazily)."""
+        try:
+            if result is not None:
+                yield from result
+        except NdbStateError as err:
+            self._log_once(err)
+            raise
+
+    def _log_once(self, err: NdbStateError) -> None:
+        kind = type(err).__name__
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.error("pyflink-ndb: the job failed on its tiered state: %s: %s", kind, err)
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self._backend = claim_bound_backend()
@@ -39,7 +66,15 @@ class _TieredFunction:
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
         self._backend.set_current_key(ctx.get_current_key())
-        return self.function.on_timer(timestamp, ctx)
+        return self._call(self.function.on_timer, timestamp, ctx)
+
+    def _call(self, method: Any, value: Any, ctx: Any) -> Any:
+        try:
+            result = method(value, ctx)
+        except NdbStateError as err:
+            self._log_once(err)
+            raise
+        return self._guard(result)
 
 
 class TieredKeyedProcessFunction(_TieredFunction, KeyedProcessFunction):
@@ -47,7 +82,7 @@ class TieredKeyedProcessFunction(_TieredFunction, KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:
         self._record_key(ctx)
-        return self.function.process_element(value, ctx)
+        return self._call(self.function.process_element, value, ctx)
 
 
 class TieredKeyedCoProcessFunction(_TieredFunction, KeyedCoProcessFunction):
@@ -55,8 +90,8 @@ class TieredKeyedCoProcessFunction(_TieredFunction, KeyedCoProcessFunction):
 
     def process_element1(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
         self._record_key(ctx)
-        return self.function.process_element1(value, ctx)
+        return self._call(self.function.process_element1, value, ctx)
 
     def process_element2(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
         self._record_key(ctx)
-        return self.function.process_element2(value, ctx)
+        return self._call(self.function.process_element2, value, ctx)
