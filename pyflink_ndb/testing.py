@@ -207,14 +207,15 @@ class LocalSubtask:
     def crash(self) -> None:
         """Lose tiers 1-2 without any flush and stop the background writer where it is
         (the store stays open for the next attempt)."""
-        self._stop()
+        self._stop(drain=False)
 
     def close(self) -> None:
-        """Release the tiers and the writer (the store stays open: tests reuse it)."""
-        self._stop()
+        """End normally: the writer finishes its queue, then the tiers and the writer's
+        connection are released (the store stays open: tests reuse it)."""
+        self._stop(drain=True)
 
-    def _stop(self) -> None:
-        self.backend.protocol.close()
+    def _stop(self, drain: bool) -> None:
+        self.backend.protocol.close(drain)
         self.backend.table.close()
         if self.backend.write_store is not None:
             self.backend.write_store.close()

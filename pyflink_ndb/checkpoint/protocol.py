@@ -528,10 +528,15 @@ class CheckpointProtocol:
         self.drain()
         return self.rows_written - before
 
-    def close(self) -> None:
-        """Stop the writer: queued jobs are dropped (their checkpoints fail), a running one
-        stops at its next statement; nothing partial becomes visible (the snapshot row of
-        an epoch is written after all its rows)."""
+    def close(self, drain: bool = False) -> None:
+        """Stop the writer: with `drain`, after it finished its queue (at most the retry
+        deadline plus 10 s); otherwise queued jobs are dropped (their checkpoints fail)
+        and a running one stops at its next statement. Nothing partial becomes visible
+        (the snapshot row of an epoch is written after all its rows)."""
+        if drain and not self.writer.wait_idle(self.options.db_retry_deadline_ms / 1000 + 10):
+            log.warning("pyflink-ndb %s/%d: the background writer did not finish its queue "
+                        "at close; the rest is dropped", self.scope.operator,
+                        self.scope.subtask_index)
         self.writer.close()
 
     # -- retention, garbage collection, cleanup -----------------------------------------

@@ -236,14 +236,21 @@ class SubtaskStateBackend:
         """Wait until the background writer finished every job (tests, tools)."""
         return self.protocol.drain(timeout_s)
 
-    def close(self) -> None:
-        """Stop the background writer (what it had not written stays invisible), then
-        release the tiers and the connections. Idempotent."""
+    def close(self, drain: bool = False) -> None:
+        """Stop the background writer, then release the tiers and the connections.
+        Idempotent.
+
+        :param drain: True on a normal end of the task (bounded input, stop-with-savepoint:
+            the bridge passes it): first let the writer finish its queue (the final
+            checkpoint's completion moves what readers see), for at most the retry
+            deadline plus 10 s. False (cancel, failure): stop at once; what it had not
+            written stays invisible.
+        """
         if self._closed:
             return
         self._closed = True
         try:
-            self.protocol.close()
+            self.protocol.close(drain)
             self.table.close()
         finally:
             self.store.close()

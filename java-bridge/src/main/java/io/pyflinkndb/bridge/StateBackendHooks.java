@@ -16,6 +16,7 @@ import org.apache.flink.runtime.taskmanager.TaskManagerRuntimeInfo;
 import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.StreamingRuntimeContext;
 import org.apache.flink.streaming.api.operators.python.AbstractPythonFunctionOperator;
+import org.apache.flink.streaming.runtime.tasks.StreamTask;
 
 import pemja.core.PythonInterpreter;
 
@@ -290,7 +291,12 @@ final class StateBackendHooks {
         boundInterpreter = null;
         try {
             if (interpreter != null) {
-                interpreter.invokeMethod(PY_BACKEND, "close");
+                // A normal end (bounded input, stop-with-savepoint) lets the writer finish
+                // what is queued (the final checkpoint's completion moves what readers
+                // see); a cancelled or failing task stops it at once.
+                StreamTask<?, ?> task = operator.getContainingTask();
+                boolean drain = !(task.isCanceled() || task.isFailing());
+                interpreter.invokeMethod(PY_BACKEND, "close", drain);
             }
         } finally {
             listener.failAll("the subtask closed before the checkpoint was written");
