@@ -693,6 +693,38 @@ def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
 
 @main.command()
 @_url
+@_namespace
+@click.option("--operator", default=None, help="Operator uid (default: all).")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; delete nothing.")
+def gc(url: str, namespace: str, operator: str | None, dry_run: bool) -> None:
+    """Run garbage collection now: delete the versions that no restorable checkpoint or
+    savepoint, no reader and no running subtask needs (what the jobs' own collection
+    deletes as checkpoints complete, over the whole namespace at once). Safe while jobs
+    run; the versions of running subtasks are left to them."""
+    from pyflink_ndb.checkpoint.offline_gc import collect_garbage_now
+
+    store = _open(url, namespace)
+    try:
+        total = 0
+        for op in _operators(store, namespace, operator):
+            report = collect_garbage_now(store, op, dry_run=dry_run)
+            total += report.versions_deleted
+            click.echo(f"{op}: {report.entries:,} entries, {report.versions:,} versions; "
+                       f"{'would remove' if dry_run else 'removed'} "
+                       f"{report.versions_deleted:,} versions"
+                       + ("" if dry_run else f" ({report.rows_deleted:,} rows)")
+                       + (f"; {report.kept_as_owners:,} left to the running subtasks"
+                          if report.kept_as_owners else ""))
+        click.echo(f"{'would remove' if dry_run else 'removed'} {total:,} versions in "
+                   f"namespace {namespace}")
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
+@main.command()
+@_url
 @click.option("--namespace", required=True, help="The namespace to drop.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (scripts).")
 def drop(url: str, namespace: str, yes: bool) -> None:

@@ -614,6 +614,27 @@ class StateStore(ABC):
                         break
                     after = page[-1][0]
 
+    def scan_versions(self, state_ids: Sequence[int],
+                      after: tuple[int, int, bytes, int] | None, limit: int
+                      ) -> list[tuple[int, int, bytes, int, bool]]:
+        """(key_group, state_id, ukey, version, tombstone) of at most `limit` stored
+        versions of `state_ids`, in primary-key order, strictly after `after` (the
+        offline garbage collection's full scan)."""
+        if not state_ids:
+            return []
+        marks = ", ".join("?" for _ in state_ids)
+        where = f"chunk = 0 AND state_id IN ({marks})"
+        params: list[Any] = list(state_ids)
+        if after is not None:
+            kg, sid, ukey, version = after
+            where += (" AND (key_group > ? OR (key_group = ? AND (state_id > ? OR (state_id = ? "
+                      "AND (ukey > ? OR (ukey = ? AND version > ?))))))")
+            params += [kg, kg, sid, sid, ukey, ukey, version]
+        rows = self._read("scan versions", f"SELECT key_group, state_id, ukey, version, "
+                          f"tombstone FROM {self.t_state} WHERE {where} ORDER BY key_group, "
+                          "state_id, ukey, version LIMIT ?", [*params, limit])
+        return [(int(kg), int(sid), bytes(u), int(v), bool(t)) for kg, sid, u, v, t in rows]
+
     def read_versions(self, refs: Sequence[tuple[int, int, bytes]]
                       ) -> dict[tuple[int, int, bytes], list[tuple[int, bool]]]:
         """Every stored version (with its tombstone flag) of each entry, ascending; batched
@@ -738,12 +759,13 @@ class StateStore(ABC):
             written += len(batch)
         return written
 
-    def delete_exact(self, fence: Fence, deletions: Sequence[Any]) -> int:
+    def delete_exact(self, fence: Fence | None, deletions: Sequence[Any]) -> int:
         """Delete whole versions: each deletion names (key_group, state_id, ukey, version);
         statements of at most `write.batch-size` (and :attr:`max_or_terms`) versions and
-        :attr:`delete_limit_rows` rows (chunks), fenced. With `commit_each_batch` each
-        statement is its own transaction (NDB); otherwise all go in one (SQLite, where
-        every commit costs milliseconds)."""
+        :attr:`delete_limit_rows` rows (chunks), fenced (None: not fenced, for the
+        offline garbage collection of `pyflink-ndb gc`, which decides safely without).
+        With `commit_each_batch` each statement is its own transaction (NDB); otherwise
+        all go in one (SQLite, where every commit costs milliseconds)."""
         step = min(self.write_batch_rows, self.max_or_terms)
         statements = []
         for start in range(0, len(deletions), step):
