@@ -131,6 +131,27 @@ def committed_aircraft(options: Mapping[str, Any]) -> dict[str, tuple[int, int, 
         store.close()
 
 
+def execute_with_progress(env: Any, options: Mapping[str, Any], total: int) -> Any:
+    """Run the job; on a terminal, show the flights that committed checkpoints hold so
+    far (tqdm on stderr, read from the store every 2 s). Returns the execution result."""
+    from tqdm import tqdm
+
+    client = env.execute_async("flight-delays")
+    future = client.get_job_execution_result()
+    with tqdm(total=total, desc="committed", unit=" flights", file=sys.stderr,
+              disable=None, leave=False) as bar:
+        if bar.disable:
+            return future.result()
+        while not future.done():
+            time.sleep(2)
+            try:
+                bar.n = sum(v[0] for v in committed_aircraft(options).values())
+                bar.refresh()
+            except Exception:  # tables not created yet, or a read raced a restore
+                pass
+    return future.result()
+
+
 @click.command()
 @click.option("--url", default="sqlite:///var/flight-delays.sqlite", show_default=True,
               help="state.backend.ndb.url (sqlite:///path or mysql://user@host:port/db).")
@@ -162,10 +183,10 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
 
         function = Throttled(function, per_record_ms=throttle_ms)
     build(env, csv_path, options, function)
-    started = time.monotonic()
-    result = env.execute("flight-delays")
-    elapsed_s = time.monotonic() - started
     records = count_lines(csv_path)
+    started = time.monotonic()
+    result = execute_with_progress(env, options, records)
+    elapsed_s = time.monotonic() - started
     store = open_job_store(options)
     try:
         state = read_aircraft(store)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -612,6 +613,11 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
             buffered.clear()
 
         pages = 0
+        if not limit or limit > 1_000:  # a long scan: progress on stderr (terminals only)
+            from tqdm import tqdm
+
+            entries = tqdm(entries, desc="scan", unit=" entries", file=sys.stderr,
+                           disable=None, leave=False)
         for entry in entries:
             if not matches(entry):
                 continue
