@@ -12,7 +12,7 @@ export PYFLINK_NDB_TEST_MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 # Thread mode wants the virtualenv's interpreter first on PATH (see README, "Thread mode").
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv jar db demo test lint clean bench cluster-up cluster-down cluster-demo
+.PHONY: venv jar db demo test test-py310 lint clean bench cluster-up cluster-down cluster-demo
 
 venv: $(VENV)/.installed
 
@@ -40,6 +40,21 @@ demo: venv jar
 
 test: venv jar db
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The second Python version CI tests (README, "Supported versions"): the unit, store and
+# README-example tests under Python 3.10 in var/venv310 (the Flink MiniCluster suite runs
+# under 3.11 only, to keep CI short).
+PY310 ?= $(shell command -v python3.10 2>/dev/null || ls $(HOME)/.pyenv/versions/3.10*/bin/python 2>/dev/null | tail -1)
+VENV310 := var/venv310
+
+test-py310: jar db
+	@test -n "$(PY310)" || { echo "error: no Python 3.10 on this machine (set PY310=/path/to/python3.10)"; exit 1; }
+	test -x $(VENV310)/bin/python || $(PY310) -m venv $(VENV310)
+	$(VENV310)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV310)/bin/python -m pip install --quiet 'setuptools>=77' wheel 'apache-flink==1.20.*'
+	$(VENV310)/bin/python -m pip install --quiet --no-build-isolation -e '.[dev]'
+	PATH=$(CURDIR)/$(VENV310)/bin:$$PATH $(VENV310)/bin/python -m pytest -m "not flink" $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV310)/bin:$$PATH $(VENV310)/bin/python -m pytest tests/test_readme.py $(PYTEST_ARGS)
 
 # A local standalone Flink cluster from the apache-flink wheel (see README, "Run on a local
 # cluster"); `cluster-demo` submits the flight-delays job to it with `flink run` (state in

@@ -3,6 +3,7 @@ group (fresh start, truncate) answers misses from tiers 1-2 alone."""
 
 from __future__ import annotations
 
+import pytest
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
@@ -54,3 +55,29 @@ def test_without_tier_2_misses_still_read_the_store(store, local_dir):
         t.key(i)
         assert v.value() == i
     assert t.backend.table.store_reads >= 4
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "mysql"])
+def test_a_list_of_many_segments_is_read_in_one_query_after_a_restore(store_kind,
+                                                                      store_factory,
+                                                                      local_dir):
+    """Issue 9: entries that miss together (a list's segments) cost one round trip."""
+    from pyflink.datastream.state import ListStateDescriptor
+
+    store = store_factory(store_kind)
+    descriptor = ListStateDescriptor("l", ANY)
+    first = LocalSubtask(store, NdbStateOptions(), local_dir=local_dir)
+    items = first.context.get_list_state(descriptor)
+    first.key("k")
+    for cid in range(1, 11):  # one segment per checkpoint
+        items.add(cid)
+        first.checkpoint(cid)
+    first.crash()
+    second = LocalSubtask(store, NdbStateOptions(), restored_checkpoint_id=10,
+                          local_dir=local_dir)
+    items = second.context.get_list_state(descriptor)
+    second.key("k")
+    reads = second.backend.table.store_reads
+    assert items.get() == list(range(1, 11))
+    assert second.backend.table.store_reads - reads == 2, "the head, then every segment"
+    second.close()

@@ -87,9 +87,16 @@ class TieredListState(TieredState, ListState):
                              "was changed.")
 
     def _stored_items(self, key_bytes: bytes, key_group: int, segments: int) -> list[Any]:
+        """Every element, in order; segments that no tier holds come in one store query."""
+        if segments == 1:
+            return self._read_segment(key_bytes, key_group, 0)
+        entries = self._table.get_many(
+            self._state_id, [self._segment_key(key_bytes, i) for i in range(segments)],
+            key_group)
         items: list[Any] = []
-        for index in range(segments):
-            items.extend(self._read_segment(key_bytes, key_group, index))
+        for entry in entries:
+            if entry.value is not None:
+                items.extend(decode_value(entry.value))
         return items
 
     def _rewrite(self, key_bytes: bytes, key_group: int, old_segments: int,

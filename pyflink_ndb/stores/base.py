@@ -555,6 +555,35 @@ class StateStore(ABC):
                                  None if expires is None else int(expires))
         return self._retry("read", unit)
 
+    def read_latest_many(self, state_id: int, key_group: int, ukeys: Sequence[bytes],
+                         ranges: Ranges) -> dict[bytes, StoredVersion]:
+        """:meth:`read_latest` of several entries of one key group in one query per
+        :attr:`max_or_terms` keys (the segments of a list that miss together); entries
+        without a visible version are absent from the result."""
+        where, vparams = visible("version", ranges)
+        out: dict[bytes, StoredVersion] = {}
+        for start in range(0, len(ukeys), self.max_or_terms):
+            part = list(ukeys[start:start + self.max_or_terms])
+            marks = ", ".join("?" for _ in part)
+            sql = (f"SELECT ukey, version, tombstone, chunks, expires_at_ms, vbytes FROM "
+                   f"{self.t_state} WHERE key_group = ? AND state_id = ? AND ukey IN ({marks}) "
+                   f"AND chunk = 0 AND {where} ORDER BY ukey, version DESC")
+
+            def unit(part: list[bytes] = part, sql: str = sql) -> dict[bytes, StoredVersion]:
+                found: dict[bytes, StoredVersion] = {}
+                for ukey, version, tomb, chunks, expires, vbytes in self._query(
+                        sql, [key_group, state_id, *part, *vparams]):
+                    ukey = bytes(ukey)
+                    if ukey in found:
+                        continue  # an older version of an entry already read
+                    value = None if tomb else self._join_chunks(key_group, state_id, ukey,
+                                                                 version, vbytes, chunks)
+                    found[ukey] = StoredVersion(int(version), bool(tomb), value,
+                                                None if expires is None else int(expires))
+                return found
+            out.update(self._retry("read", unit))
+        return out
+
     def scan_latest(self, state_id: int, key_group: int, prefix: bytes, after: bytes | None,
                     limit: int, ranges: Ranges) -> list[tuple[bytes, StoredVersion]]:
         """One page of the newest visible versions of the entries whose user key starts

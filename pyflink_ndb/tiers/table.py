@@ -211,6 +211,43 @@ class TieredTable:
         self._cache_put(eid, entry)
         return entry
 
+    def get_many(self, state_id: int, ukeys: list[bytes], key_group: int) -> list[Entry]:
+        """:meth:`get` of several entries of one key group (in order); the ones no tier
+        knows are read from the store in one query."""
+        out: list[Entry | None] = []
+        missing: list[int] = []
+        for i, ukey in enumerate(ukeys):
+            eid = (state_id, ukey)
+            entry = self._cache.get(eid)
+            if entry is not None:
+                self.tier1_hits += 1
+            else:
+                entry = self._lower(eid)
+                if entry is not None:
+                    self.tier2_hits += 1
+                elif self.store_has_nothing(key_group):
+                    self.store_reads_saved += 1
+                    entry = Entry(None, key_group, None)
+                else:
+                    missing.append(i)
+                if entry is not None:
+                    self._cache_put(eid, entry)
+            out.append(entry)
+        if missing:
+            self.store_reads += 1
+            started = time.perf_counter()
+            found = self.store.read_latest_many(state_id, key_group,
+                                                [ukeys[i] for i in missing],
+                                                self.visibility(key_group))
+            self.store_read_seconds += time.perf_counter() - started
+            for i in missing:
+                version = found.get(ukeys[i])
+                entry = (Entry(None, key_group, None) if version is None or version.tombstone
+                         else Entry(version.value, key_group, version.expires_at_ms))
+                self._cache_put((state_id, ukeys[i]), entry)
+                out[i] = entry
+        return [e for e in out if e is not None]
+
     def put(self, state_id: int, ukey: bytes, key_group: int, value: bytes | None,
             expires_at_ms: int | None = None) -> None:
         """Set the entry (value None deletes it) and mark it dirty.
