@@ -44,7 +44,7 @@ test: venv jar db
 # The second Python version CI tests (README, "Supported versions"): the unit, store and
 # README-example tests under Python 3.10 in var/venv310 (the Flink MiniCluster suite runs
 # under 3.11 only, to keep CI short).
-PY310 ?= $(shell command -v python3.10 2>/dev/null || ls $(HOME)/.pyenv/versions/3.10*/bin/python 2>/dev/null | tail -1)
+PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python /usr/bin/python3.10 /usr/local/bin/python3.10))
 VENV310 := var/venv310
 
 test-py310: jar db
