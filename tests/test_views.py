@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -182,6 +183,10 @@ def test_a_reader_never_sees_a_checkpoint_that_did_not_complete(mysql_url):
         tasks = subtasks(restore, 2)  # a new job from an older retained checkpoint
         for n in range(restore + 1, restore + 13):
             checkpoint(2, n, fates[n % len(fates)])
+        # A loaded machine may starve the reader: let it read the new job's state.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(t.startswith("2:") for t in seen):
+            time.sleep(0.05)
     finally:
         done.set()
         thread.join(timeout=60)
