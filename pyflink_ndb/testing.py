@@ -179,10 +179,9 @@ class LocalSubtask:
         """
         protocol = self.backend.protocol
         protocol.writer.wait_for(lambda: not protocol.writer.checkpoint_pending(checkpoint_id))
-        failure = protocol.writer.failure()
-        pending = checkpoint_id in protocol._in_flight
         protocol.settle()
-        if pending and checkpoint_id not in protocol._in_flight and failure is not None:
+        failure = protocol.failed_writes.pop(checkpoint_id, None)
+        if failure is not None:
             raise failure  # what failed the write (the store's error, not a wrapper)
 
     def checkpoint(self, checkpoint_id: int, complete: bool = True) -> None:

@@ -140,6 +140,9 @@ class CheckpointProtocol:
             inline=write_store is None)
         #: Frozen epochs whose write job has not reported yet, by checkpoint id.
         self._in_flight: dict[int, FrozenEpoch] = {}
+        #: The latest failed writes, by checkpoint id: what failed them (the root failure
+        #: for the writes it poisoned). For LocalSubtask.wait_durable; bounded.
+        self.failed_writes: dict[int, BaseException] = {}
         #: Entries taken back from failed writes into a later epoch (total).
         self.entries_taken_back = 0
         #: Totals for metrics and logs (written by the writer thread, read anywhere).
@@ -450,6 +453,9 @@ class CheckpointProtocol:
             else:
                 self._kinds.pop(cid, None)
                 self.epochs_failed += 1
+                self.failed_writes[cid] = self.writer.failure() or o.error
+                while len(self.failed_writes) > 64:
+                    del self.failed_writes[next(iter(self.failed_writes))]
                 failed.append(frozen)
                 log.warning("pyflink-ndb %s/%d: checkpoint %d failed in the background "
                             "(%s); its %d entries go into the next checkpoint",

@@ -209,6 +209,12 @@ class BackgroundWriter:
         return True
 
     @property
+    def alive(self) -> bool:
+        """True while the writer thread runs (after close: a statement outlived the wait)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
     def pending_bytes(self) -> int:
         return self._s.pending_bytes
 
@@ -238,18 +244,19 @@ class BackgroundWriter:
             self._s.queue.clear()
             self._cv.notify_all()
             thread = self._thread
-        for job in dropped:
-            if job.fail_fast and job.checkpoint_id is not None and self.on_failed is not None:
-                try:
-                    self.on_failed(job.checkpoint_id, "the subtask closed before it was written")
-                except Exception:  # the Java side may already be gone
-                    log.debug("on_failed after close", exc_info=True)
         if thread is not None and thread is not threading.current_thread():
             thread.join(CLOSE_WAIT_SECONDS)
             if thread.is_alive():
                 log.warning("pyflink-ndb: background writer %s still runs a statement %.0f s "
                             "after close; it stops at the next one (fenced, invisible)",
                             self.name, CLOSE_WAIT_SECONDS)
+        # After the running job reported (durable, or failed when cancelled): in order.
+        for job in dropped:
+            if job.fail_fast and job.checkpoint_id is not None and self.on_failed is not None:
+                try:
+                    self.on_failed(job.checkpoint_id, "the subtask closed before it was written")
+                except Exception:  # the Java side may already be gone
+                    log.debug("on_failed after close", exc_info=True)
         return dropped
 
     # -- writer thread --------------------------------------------------------------------
@@ -285,6 +292,11 @@ class BackgroundWriter:
                     with self._cv:
                         self._s.running = None
                         self._cv.notify_all()
+                    if job.fail_fast and job.checkpoint_id is not None:
+                        # Stopped before its snapshot row: it failed (reported once, before
+                        # the queued ones that close() reports after joining this thread).
+                        self._report(job.checkpoint_id, WriteCancelled(
+                            "the subtask closed before it was written"))
                     return
                 except BaseException as err:  # reported to the task thread and to Flink
                     error = err

@@ -20,6 +20,7 @@ globals: each backend is reached through its handle.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
@@ -104,54 +105,79 @@ class SubtaskStateBackend:
         self._key_groups = key_groups
         self._closed = False
         self.store = store if store is not None else open_store(options)
-        local = None
-        if options.local_enabled:
-            base = options.local_dir or info.local_dir or os.path.join(
-                os.environ.get("TMPDIR", "/tmp"))
-            path = os.path.join(base, "pyflink-ndb", info.job_id,
-                                f"{_safe(info.operator)}-{info.subtask_index}-{info.attempt}-"
-                                f"{uuid.uuid4().hex[:8]}")
-            local = LocalTier(path)
-        self.table = TieredTable(self.store, options.cache_max_entries, local,
-                                 options.value_max_bytes)
-        #: The background writer's own connection (None: writes run on the task thread).
-        self.write_store = self.store.fork() if options.write_async else None
-        on_durable = on_failed = None
-        if listener is not None:
-            def on_durable(checkpoint_id: int) -> None:
-                listener.durable(checkpoint_id)
+        self._local: LocalTier | None = None
+        self.write_store: StateStore | None = None
+        try:
+            local = None
+            if options.local_enabled:
+                base = options.local_dir or info.local_dir or os.path.join(
+                    os.environ.get("TMPDIR", "/tmp"))
+                path = os.path.join(base, "pyflink-ndb", info.job_id,
+                                    f"{_safe(info.operator)}-{info.subtask_index}-{info.attempt}-"
+                                    f"{uuid.uuid4().hex[:8]}")
+                local = LocalTier(path)
+                self._local = local
+            self.table = TieredTable(self.store, options.cache_max_entries, local,
+                                     options.value_max_bytes)
+            #: The background writer's own connection (None: writes run on the task thread).
+            self.write_store = self.store.fork() if options.write_async else None
+            on_durable = on_failed = None
+            if listener is not None:
+                def on_durable(checkpoint_id: int) -> None:
+                    listener.durable(checkpoint_id)
 
-            def on_failed(checkpoint_id: int, message: str) -> None:
-                listener.failed(checkpoint_id, message)
-        self.protocol = CheckpointProtocol(
-            self.store, self.table, options,
-            SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
-                         info.key_group_end, info.job_id, info.attempt), clock_ms,
-            write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
-        self.protocol.set_json_renderer(self._render_json)
-        self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
-        self._kg_cache: LRUCache = LRUCache(maxsize=max(options.cache_max_entries, 10_000))
-        self.current_key: Any = None
-        self.current_key_bytes: bytes | None = None
-        self.current_key_group = -1
-        #: True once records set the current key themselves (see :meth:`attach_operation`).
-        self.keys_from_records = False
-        #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
-        self.metrics: Any = None
-        self.protocol.open(restored_tokens(self.store, info))
-        #: The background prefetch (`restore.mode: background`), or None.
-        self.prefetch: BackgroundPrefetch | None = None
-        if options.restore_mode == "eager" or (
-                options.restore_mode == "background"
-                and (self.table.local is None or self.write_store is None)):
-            # Background prefetch needs tier 2 and the background writer; else eager.
-            loaded = self.protocol.prefetch(self.store.state_ids(info.operator))
-            log.info("pyflink-ndb %s/%d prefetched %d entries", info.operator,
-                     info.subtask_index, loaded)
-        elif options.restore_mode == "background" and self.protocol.restored is not None:
-            self.prefetch = BackgroundPrefetch(self.protocol,
-                                               self.store.state_ids(info.operator))
-            self.prefetch.start()
+                def on_failed(checkpoint_id: int, message: str) -> None:
+                    listener.failed(checkpoint_id, message)
+            self.protocol = CheckpointProtocol(
+                self.store, self.table, options,
+                SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
+                             info.key_group_end, info.job_id, info.attempt), clock_ms,
+                write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
+            self.protocol.set_json_renderer(self._render_json)
+            self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
+            self._kg_cache: LRUCache = LRUCache(maxsize=max(options.cache_max_entries, 10_000))
+            self.current_key: Any = None
+            self.current_key_bytes: bytes | None = None
+            self.current_key_group = -1
+            #: True once records set the current key themselves (see :meth:`attach_operation`).
+            self.keys_from_records = False
+            #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
+            self.metrics: Any = None
+            self.protocol.open(restored_tokens(self.store, info))
+            #: The background prefetch (`restore.mode: background`), or None.
+            self.prefetch: BackgroundPrefetch | None = None
+            if options.restore_mode == "eager" or (
+                    options.restore_mode == "background"
+                    and (self.table.local is None or self.write_store is None)):
+                # Background prefetch needs tier 2 and the background writer; else eager.
+                loaded = self.protocol.prefetch(self.store.state_ids(info.operator))
+                log.info("pyflink-ndb %s/%d prefetched %d entries", info.operator,
+                         info.subtask_index, loaded)
+            elif options.restore_mode == "background" and self.protocol.restored is not None:
+                self.prefetch = BackgroundPrefetch(self.protocol,
+                                                   self.store.state_ids(info.operator))
+                self.prefetch.start()
+        except BaseException:
+            # A refused restore or an unreachable store: release what was opened.
+            self._release(close_store=store is None)
+            raise
+
+    def _release(self, close_store: bool) -> None:
+        with contextlib.suppress(Exception):
+            if getattr(self, "protocol", None) is not None:
+                self.protocol.close()
+        with contextlib.suppress(Exception):
+            table = getattr(self, "table", None)
+            if table is not None:
+                table.close()
+            elif self._local is not None:
+                self._local.destroy()
+        with contextlib.suppress(Exception):
+            if self.write_store is not None:
+                self.write_store.close()
+        if close_store:
+            with contextlib.suppress(Exception):
+                self.store.close()
 
     # -- states ---------------------------------------------------------------------------
     def register_state(self, name: str, kind: str, ttl_ms: int | None, *,
@@ -251,7 +277,13 @@ class SubtaskStateBackend:
         self._closed = True
         try:
             self.protocol.close(drain)
-            self.table.close()
+            if self.protocol.writer.alive:
+                # A statement outlived the wait: the writer may still read a RocksDB
+                # snapshot of tier 2, so tier 2 stays (its folder is left behind).
+                log.warning("pyflink-ndb %s/%d: tier 2 left open for the background writer",
+                            self.info.operator, self.info.subtask_index)
+            else:
+                self.table.close()
         finally:
             self.store.close()
             if self.write_store is not None:
