@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pyflink.common import Types
-from pyflink.datastream import KeyedProcessFunction, RuntimeContext
+from pyflink.datastream import KeyedProcessFunction, KeySelector, RuntimeContext
 from pyflink.datastream.state import ValueStateDescriptor
 
 #: Keys of this prefix mark the end of the input of the state-building job.
@@ -74,3 +74,55 @@ class KeyedCounter(KeyedProcessFunction):
                 while not os.path.exists(self.gate) and time.monotonic() < deadline:
                     time.sleep(0.01)
         yield value
+
+
+class ModuloKey(KeySelector):
+    """Key of a number of the sequence source: `value % keys` (an int)."""
+
+    def __init__(self, keys: int) -> None:
+        self.keys = keys
+
+    def get_key(self, value: int) -> int:
+        return value % self.keys
+
+
+class RateCounter(KeyedProcessFunction):
+    """A ValueState counter (LONG) per key, updated for every record; emits nothing.
+
+    Counts the records it processed per wall-clock second (`int(time.time())`) and appends
+    a line `second count` to `<rate_dir>/rate-<subtask>` when a second is over (one
+    small file write per second; the last, partial second of a cancelled job is lost).
+
+    `or_terms` (an experiment, None: off): sets pyflink-ndb's `StateStore.max_or_terms`
+    (OR-terms per point-read/delete statement) in the TaskManager's interpreter, to
+    measure the checkpoint job with smaller statements without changing the package.
+    """
+
+    def __init__(self, rate_dir: str, or_terms: int | None = None) -> None:
+        self.rate_dir = rate_dir
+        self.or_terms = or_terms
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        if self.or_terms is not None:
+            # The TaskManager's interpreter outlives the job: later jobs of the same JVM
+            # see the value too (the bench runs this experiment last).
+            from pyflink_ndb.stores.base import StateStore
+
+            StateStore.max_or_terms = self.or_terms
+        self.state = runtime_context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        self.path = Path(self.rate_dir) / f"rate-{runtime_context.get_index_of_this_subtask()}"
+        self.second = 0
+        self.count = 0
+
+    def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:
+        current = self.state.value()
+        self.state.update(1 if current is None else current + 1)
+        now = int(time.time())
+        if now != self.second:
+            if self.count:
+                with self.path.open("a") as f:
+                    f.write(f"{self.second} {self.count}\n")
+            self.second = now
+            self.count = 0
+        self.count += 1
+        yield from ()

@@ -8,14 +8,21 @@ Figures (see README, "Benchmarks"):
    net runtime;
 2. recovery: time from submitting a job that restores a stop-with-savepoint of N keys until
    its first record is processed (RocksDB vs pyflink-ndb on MariaDB, lazy restore);
-3. checkpoint pause (`backend.snapshot(n)`) versus dirty-set size, without Flink;
+3. checkpoint pause (`--only snapshot` or `checkpoint-pause`): the synchronous pause
+   (`backend.snapshot(n)`) and the time until the epoch is durable versus dirty-set size,
+   without Flink, with `write.async` true and false; and on Flink, a job that updates a
+   100,000-key ValueState counter as fast as it can with checkpoints every second (RocksDB
+   with incremental checkpoints, pyflink-ndb with and without the asynchronous flush):
+   records per second over time, Flink's per-checkpoint sync / async / end-to-end
+   durations from the MiniCluster's REST API, and pyflink-ndb's dirty entries per
+   checkpoint (checkpoint-pause.png);
 4. point reads of the committed state with plain SQL on MariaDB from a separate connection;
 5. restore time versus state-table rows: submit → first record after restoring a savepoint
    of pyflink-ndb on MariaDB whose state table was bulk-filled to 10k / 100k / 1M rows, half
    of them an abandoned epoch that a format-1 restore deleted before the first record; and
    the rows the restore deleted (none: cleanup runs later, in the background).
 
-Results go to `bench/results/` (summary.md, results.json, bench.png).
+Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-pause.png).
 """
 
 from __future__ import annotations
@@ -345,41 +352,266 @@ def bench_recovery(sizes: list[int], probes: int, mysql_url: str, parallelism: i
 
 
 # -- 3. checkpoint pause ------------------------------------------------------------------
-def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str) -> dict:
+#: Protocol-level runs: (store, write.async).
+PAUSE_VARIANTS = (("ndb-sqlite", True), ("ndb-sqlite", False), ("ndb-mariadb", True),
+                  ("ndb-mariadb", False))
+#: Key space of the checkpoint job (bench.functions.ModuloKey).
+PAUSE_JOB_KEYS = 100_000
+PAUSE_OPERATOR = "bench-cp"
+#: Seconds at the start of a checkpoint job left out of its records/s (warm-up).
+PAUSE_WARMUP_S = 3
+_RETRY = re.compile(r"WARN .*pyflink_ndb/stores/retry\.py.* failed at ")
+_DURABLE = re.compile(r"pyflink-ndb (\S+)/(\d+): checkpoint (\d+) durable: (\d+) entries, "
+                      r"(\d+) rows, (\d+) bytes in (\d+) ms \(synchronous phase ([\d.]+) ms\)")
+
+
+def run_label(kind: str, write_async: bool | None) -> str:
+    if write_async is None:
+        return LABELS[kind] + (" (incremental)" if kind == "rocksdb" else "")
+    return f"{LABELS[kind]}, write.async={'true' if write_async else 'false'}"
+
+
+def run_key(kind: str, write_async: bool | None) -> str:
+    return kind if write_async is None else f"{kind}/{'async' if write_async else 'sync'}"
+
+
+def pause_protocol(kind: str, write_async: bool, n: int, rounds: int, mysql_url: str
+                   ) -> dict[str, Any]:
+    """`rounds` checkpoints of `n` dirty ValueState entries on one LocalSubtask (no Flink):
+    each round updates every entry, then times `backend.snapshot(epoch)` (the
+    synchronous pause), snapshot → `wait_durable` (end to end), and the completion
+    (`notify_checkpoint_complete` until the writer marked it, moved the readers and
+    collected the garbage: the previous round's versions of every entry)."""
     from pyflink.common import Types
     from pyflink.datastream.state import ValueStateDescriptor
 
-    from pyflink_ndb.config import NdbStateOptions
     from pyflink_ndb.stores.factory import open_store
     from pyflink_ndb.testing import LocalSubtask
 
-    out: dict[str, Any] = {}
-    for kind in ("ndb-sqlite", "ndb-mariadb"):
+    namespace = f"bench_cpp_{'a' if write_async else 's'}_{n}"
+    url = store_url(kind, mysql_url, namespace)
+    drop_namespace(url, namespace)
+    local = str(WORK / "local")
+    options = NdbStateOptions(url=url, namespace=namespace, local_dir=local,
+                              write_async=write_async)
+    store = open_store(options)
+    sub = LocalSubtask(store, options, local_dir=local)
+    pauses, durable, completion, dirty = [], [], [], []
+    try:
+        state = sub.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
+        for epoch in range(1, rounds + 1):
+            for i in range(n):
+                sub.key(f"k{i:07d}")
+                state.update((epoch, i, "x" * 100))
+            dirty.append(sub.backend.table.dirty_count)
+            started = time.perf_counter()
+            sub.snapshot(epoch, durable=False)
+            pauses.append(time.perf_counter() - started)
+            sub.wait_durable(epoch)
+            durable.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            sub.complete(epoch)  # and wait: mark completed, move readers, collect garbage
+            completion.append(time.perf_counter() - started)
+    finally:
+        sub.close()
+        store.close()
+    return {"pauses_s": pauses, "durable_s": durable, "complete_s": completion,
+            "dirty": dirty, "median_s": statistics.median(pauses),
+            "durable_median_s": statistics.median(durable),
+            "complete_median_s": statistics.median(completion)}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rest_get(port: int, path: str) -> Any:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return json.load(response)
+
+
+def checkpoint_stats(port: int, job_id: str) -> dict[str, Any]:
+    """Flink's checkpoint statistics of the running job (REST): counts, and per completed
+    checkpoint its trigger time, end-to-end duration, state size and, per subtask of the
+    vertex that holds the keyed process, sync / async / end-to-end durations (ms)."""
+    job = rest_get(port, f"/jobs/{job_id}")
+    vertex = next(v for v in job["vertices"] if "KEYED PROCESS" in v["name"].upper())
+    overview = rest_get(port, f"/jobs/{job_id}/checkpoints")
+    checkpoints, unfinished = [], []
+    for h in sorted(overview["history"], key=lambda h: h["id"]):
+        if h["status"] != "COMPLETED":
+            unfinished.append({"id": h["id"], "status": h["status"],
+                               "trigger_ms": h["trigger_timestamp"]})
+            continue
+        detail = rest_get(port, f"/jobs/{job_id}/checkpoints/details/{h['id']}/subtasks/"
+                                f"{vertex['id']}")
+        checkpoints.append({
+            "id": h["id"], "trigger_ms": h["trigger_timestamp"],
+            "end_to_end_ms": h["end_to_end_duration"], "state_size": h["state_size"],
+            "checkpointed_size": h["checkpointed_size"],
+            "subtasks": [{"index": s["index"], "sync_ms": s["checkpoint"]["sync"],
+                          "async_ms": s["checkpoint"]["async"],
+                          "end_to_end_ms": s["end_to_end_duration"],
+                          "start_delay_ms": s.get("start_delay"),
+                          "state_size": s["state_size"]}
+                         for s in detail["subtasks"] if "checkpoint" in s]})
+    return {"vertex": vertex["name"], "counts": overview["counts"],
+            "checkpoints": checkpoints, "unfinished": unfinished}
+
+
+def durable_lines(since: float, until: float) -> list[dict[str, Any]]:
+    """pyflink-ndb's `checkpoint N durable` log lines of the checkpoint job (per subtask:
+    entries written, write time, its own measure of the synchronous phase), and its
+    retried database transactions (`{"t", "retry"}`)."""
+    out = []
+    for t, line in flink_log_events(since):
+        if t > until:
+            break
+        if _RETRY.search(line):
+            out.append({"t": t, "retry": line.partition("[] - ")[2][:200]})
+            continue
+        m = _DURABLE.search(line)
+        if m and m.group(1) == PAUSE_OPERATOR:
+            out.append({"t": t, "subtask": int(m.group(2)), "checkpoint": int(m.group(3)),
+                        "entries": int(m.group(4)), "rows": int(m.group(5)),
+                        "bytes": int(m.group(6)), "write_ms": int(m.group(7)),
+                        "sync_ms": float(m.group(8))})
+    return out
+
+
+def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url: str,
+              parallelism: int, or_terms: int | None = None) -> dict[str, Any]:
+    """A job that updates a ValueState counter of keys `i % 100,000` of a sequence source
+    as fast as it can, for `duration_s` after its first record, with checkpoints every
+    second; then Flink's checkpoint statistics over REST, and the job is cancelled.
+    `or_terms`: the experiment of :class:`bench.functions.RateCounter`."""
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+
+    from bench.functions import ModuloKey, RateCounter
+
+    tag = run_key(kind, write_async).replace("/", "-") + (f"-or{or_terms}" if or_terms else "")
+    work = WORK / "checkpoint-job" / tag
+    shutil.rmtree(work, ignore_errors=True)
+    rates = work / "rates"
+    rates.mkdir(parents=True)
+    namespace = f"bench_cpj_{tag.replace('-', '_')}"
+    url = store_url(kind, mysql_url, namespace)
+    options = ndb_options(url, namespace)
+    if write_async is not None:
+        options["state.backend.ndb.write.async"] = "true" if write_async else "false"
+        drop_namespace(url, namespace)
+    extra = flink_extra(kind, work / "checkpoints")
+    if kind == "rocksdb":  # RocksDB's best case here: only new SST files per checkpoint
+        extra["state.backend.incremental"] = "true"
+    port = free_port()
+    extra.update({"rest.port": str(port), "rest.bind-port": str(port),
+                  "web.checkpoints.history": "1000"})
+    env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
+    source = env.from_source(NumberSequenceSource(0, 2 ** 62), WatermarkStrategy
+                             .no_watermarks(), "sequence").uid("sequence")
+    keyed = source.key_by(ModuloKey(PAUSE_JOB_KEYS), key_type=Types.LONG())
+    discard(keyed_process(kind, keyed, RateCounter(str(rates), or_terms), Types.LONG(),
+                          PAUSE_OPERATOR, options))
+    submitted = time.time()
+    client = env.execute_async(f"bench-checkpoint-{tag}")
+    job_id = str(client.get_job_id())
+    wait_until(lambda: len(list(rates.glob("rate-*"))) >= parallelism, 180,
+               "every subtask of the checkpoint job to process records")
+    first = time.time()
+    time.sleep(duration_s)
+    try:
+        stats = checkpoint_stats(port, job_id)
+    finally:
+        until = time.time()
+        try:
+            client.cancel().result()
+        except Exception as err:  # it failed or ended already
+            log(f"  cancel: {str(err).splitlines()[0][:160]}")
+    per_second: dict[int, int] = {}
+    for path in rates.glob("rate-*"):
+        for line in path.read_text().split("\n"):
+            if line:
+                second, count = line.split()
+                per_second[int(second)] = per_second.get(int(second), 0) + int(count)
+    start = min(per_second)
+    # Whole seconds from the first record to the end of the measurement only.
+    timeline = [[s - start, per_second.get(s, 0)]
+                for s in range(start, int(until)) if s + 1 <= until]
+    steady = [c for s, c in timeline if s >= PAUSE_WARMUP_S]
+    stats["checkpoints"] = [c for c in stats["checkpoints"] if c["trigger_ms"] / 1000 >= start]
+    out: dict[str, Any] = {
+        "label": run_label(kind, write_async) + (
+            f", {or_terms} OR-terms (experiment)" if or_terms else ""),
+        "duration_s": until - first,
+        "start_s": start, "submit_to_first_s": first - submitted, "per_second": timeline,
+        "records_per_s": statistics.mean(steady) if steady else None,
+        "min_second": min(steady) if steady else None,
+        "max_second": max(steady) if steady else None, **stats}
+    syncs = [s["sync_ms"] for c in stats["checkpoints"] for s in c["subtasks"]]
+    ends = [c["end_to_end_ms"] for c in stats["checkpoints"]]
+    if syncs:
+        out.update(sync_median_ms=statistics.median(syncs), sync_max_ms=max(syncs),
+                   async_median_ms=statistics.median(
+                       s["async_ms"] for c in stats["checkpoints"] for s in c["subtasks"]),
+                   e2e_median_ms=statistics.median(ends), e2e_max_ms=max(ends))
+    if write_async is not None:
+        events = [d for d in durable_lines(submitted, until) if d["t"] >= start]
+        out["retries"] = [d for d in events if "retry" in d]
+        lines = out["durable"] = [d for d in events if "retry" not in d]
+        if lines and not write_async:
+            # Inline, the line is logged inside snapshot(), before its own synchronous
+            # phase is measured: it shows the previous checkpoint's.
+            out.update(dirty_median=statistics.median(d["entries"] for d in lines),
+                       dirty_max=max(d["entries"] for d in lines),
+                       write_median_ms=statistics.median(d["write_ms"] for d in lines))
+        elif lines:
+            out.update(
+                dirty_median=statistics.median(d["entries"] for d in lines),
+                dirty_max=max(d["entries"] for d in lines),
+                py_sync_median_ms=statistics.median(d["sync_ms"] for d in lines),
+                py_sync_max_ms=max(d["sync_ms"] for d in lines),
+                write_median_ms=statistics.median(d["write_ms"] for d in lines))
+    return out
+
+
+def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: int,
+                   duration_s: float,
+                   job_kinds: list[tuple[str, bool | None, int | None]],
+                   warmup: bool) -> dict:
+    """Part 3: the checkpoint pause at the protocol level (LocalSubtask) and on Flink."""
+    out: dict[str, Any] = {"protocol": {}, "job": {}, "job_keys": PAUSE_JOB_KEYS,
+                           "duration_s": duration_s}
+    for kind, write_async in PAUSE_VARIANTS:
         for n in sizes:
-            namespace = f"bench_snap_{n}"
-            url = store_url(kind, mysql_url, namespace)
-            drop_namespace(url, namespace)
-            options = NdbStateOptions(url=url, namespace=namespace,
-                                      local_dir=str(WORK / "local"))
-            store = open_store(options)
-            sub = LocalSubtask(store, options, local_dir=str(WORK / "local"))
-            try:
-                state = sub.context.get_state(
-                    ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
-                pauses = []
-                for epoch in range(1, rounds + 1):
-                    for i in range(n):
-                        sub.key(f"k{i:07d}")
-                        state.update((epoch, i, "x" * 100))
-                    started = time.perf_counter()
-                    sub.backend.snapshot(epoch)
-                    pauses.append(time.perf_counter() - started)
-                    sub.backend.notify_checkpoint_complete(epoch)
-            finally:
-                sub.close()
-                store.close()
-            out[f"{kind}/{n}"] = {"pauses_s": pauses, "median_s": statistics.median(pauses)}
-            log(f"snapshot {kind} {n} dirty: median {statistics.median(pauses) * 1000:.0f} ms")
+            r = pause_protocol(kind, write_async, n, rounds, mysql_url)
+            out["protocol"][f"{run_key(kind, write_async)}/{n}"] = r
+            log(f"snapshot {run_label(kind, write_async)}, {n:,} dirty: sync pause median "
+                f"{r['median_s'] * 1000:,.2f} ms, durable after "
+                f"{r['durable_median_s'] * 1000:,.0f} ms, completion "
+                f"{r['complete_median_s'] * 1000:,.0f} ms")
+    if warmup:
+        log("checkpoint job: an untimed warm-up run")
+        pause_job("hashmap", None, 5, mysql_url, parallelism)
+    for kind, write_async, or_terms in job_kinds:
+        log(f"checkpoint job: {run_label(kind, write_async)}"
+            + (f", {or_terms} OR-terms (experiment)" if or_terms else "")
+            + f", {duration_s:.0f} s")
+        r = pause_job(kind, write_async, duration_s, mysql_url, parallelism, or_terms)
+        out["job"][run_key(kind, write_async) + (f"/or{or_terms}" if or_terms else "")] = r
+        log(f"  {r['records_per_s'] or 0:,.0f} records/s (seconds {r['min_second'] or 0:,}–"
+            f"{r['max_second'] or 0:,}); {len(r['checkpoints'])} checkpoints, sync median "
+            f"{r.get('sync_median_ms', float('nan')):.0f} ms max "
+            f"{r.get('sync_max_ms', float('nan')):.0f} ms, end to end median "
+            f"{r.get('e2e_median_ms', float('nan')):.0f} ms"
+            + (f"; dirty per subtask and checkpoint median {r['dirty_median']:,.0f}"
+               if "dirty_median" in r else ""))
     return out
 
 
@@ -889,6 +1121,70 @@ def bench_restore_rows(sizes: list[int], mysql_url: str, parallelism: int,
 
 
 # -- report -------------------------------------------------------------------------------
+def snapshot_markdown(snap: dict) -> list[str]:
+    """Section 3: the protocol-level table, then the job-level table."""
+    proto = snap["protocol"]
+    sizes = sorted({int(k.rsplit("/", 1)[1]) for k in proto})
+    variants = [(k, a) for k, a in PAUSE_VARIANTS
+                if any(key.startswith(run_key(k, a) + "/") for key in proto)]
+    lines = ["## 3. Checkpoint pause", "",
+             "### Protocol level (`LocalSubtask`, no Flink)", "",
+             "Sync pause: the time in `backend.snapshot(n)` (the task thread is blocked); "
+             "durable: from the start of `snapshot(n)` until `wait_durable(n)` returns (the "
+             "epoch's rows and snapshot row committed); completion: "
+             "`notify_checkpoint_complete(n)` until the writer marked it, moved the readers "
+             "and collected the garbage (from round 2 on: the previous version of every "
+             "entry; a Flink task goes on meanwhile, but the writer writes the next "
+             "checkpoint only after it; inline with `write.async: false`, on the task "
+             "thread). Median of the rounds, each of which re-dirties every entry (cache "
+             "10,000 entries: the rest are in tier 2). Lower is better.", "",
+             "| dirty entries | " + " | ".join(
+                 f"{run_label(k, a)}: sync pause ms | durable ms | completion ms"
+                 for k, a in variants) + " |",
+             "|---:|" + "---:|---:|---:|" * len(variants)]
+    for n in sizes:
+        row = [f"{n:,}"]
+        for k, a in variants:
+            r = proto.get(f"{run_key(k, a)}/{n}")
+            row += (["–", "–", "–"] if r is None else
+                    [f"{r['median_s'] * 1000:,.2f}", f"{r['durable_median_s'] * 1000:,.0f}",
+                     "–" if "complete_median_s" not in r
+                     else f"{r['complete_median_s'] * 1000:,.0f}"])
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    job = snap.get("job") or {}
+    if job:
+        lines += ["### Job level (Flink MiniCluster)", "",
+                  f"A sequence source keyed by `i % {snap['job_keys']:,}`, a ValueState "
+                  "counter per key updated for every record (bench.functions.RateCounter), "
+                  f"about {snap['duration_s']:.0f} s per backend after the first record, "
+                  f"checkpoints every {CHECKPOINT_MS} ms. Flink's figures from its REST API "
+                  "(per subtask of the keyed vertex; end to end per checkpoint). records/s: "
+                  f"mean of the whole seconds after the first {PAUSE_WARMUP_S} (higher is "
+                  "better); worst second: the least records in one second (higher is "
+                  "better); durations: lower is better. Dirty entries: per subtask and "
+                  "checkpoint, from pyflink-ndb's `checkpoint N durable` log lines.", "",
+                  "| run | records/s | worst / best second | checkpoints | sync ms median "
+                  "| sync ms max | async ms median | end-to-end ms median | end-to-end ms max "
+                  "| dirty entries median (max) | background write ms median "
+                  "| retried DB transactions |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in job.values():
+            def f(key: str, fmt: str = "{:,.0f}", r: dict = r) -> str:
+                return "–" if r.get(key) is None else fmt.format(r[key])
+            dirty = ("–" if "dirty_median" not in r
+                     else f"{r['dirty_median']:,.0f} ({r['dirty_max']:,})")
+            lines.append(
+                f"| {r['label']} | {f('records_per_s')} | {f('min_second')} / "
+                f"{f('max_second')} | {len(r['checkpoints'])} of {r['counts']['total']} "
+                f"({r['counts']['failed']} failed) | {f('sync_median_ms')} | "
+                f"{f('sync_max_ms')} | {f('async_median_ms')} | {f('e2e_median_ms')} | "
+                f"{f('e2e_max_ms')} | {dirty} | {f('write_median_ms')} | "
+                f"{len(r['retries']) if 'retries' in r else '–'} |")
+        lines.append("")
+    return lines
+
+
 def summary_markdown(meta: dict, results: dict) -> str:
     lines = [f"# pyflink-ndb benchmark ({'quick' if meta['quick'] else 'full'} run)", "",
              f"{meta['when']}, commit {meta['commit']}, {meta['cpus']} CPUs, "
@@ -938,16 +1234,8 @@ def summary_markdown(meta: dict, results: dict) -> str:
                 f"{r['probe_net_s']:.2f} / {d['probe_net_s']:.2f} |")
         lines.append("")
     snap = results.get("snapshot")
-    if snap:
-        lines += ["## 3. Checkpoint pause versus dirty entries (`backend.snapshot(n)`, no Flink)",
-                  "", "Median over the rounds; each round re-dirties every entry.", "",
-                  "| dirty entries | SQLite ms | MariaDB ms | SQLite µs/entry | "
-                  "MariaDB µs/entry |", "|---:|---:|---:|---:|---:|"]
-        for n in sorted({int(k.split("/")[1]) for k in snap}):
-            s, m = snap[f"ndb-sqlite/{n}"]["median_s"], snap[f"ndb-mariadb/{n}"]["median_s"]
-            lines.append(f"| {n:,} | {s * 1000:,.0f} | {m * 1000:,.0f} | {s / n * 1e6:.1f} | "
-                         f"{m / n * 1e6:.1f} |")
-        lines.append("")
+    if snap and "protocol" in snap:
+        lines += snapshot_markdown(snap)
     sql = results.get("sql")
     if sql:
         lines += ["## 4. Committed-state SQL reads (MariaDB, separate connection)", "",
@@ -1058,24 +1346,7 @@ def chart(results: dict, path: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     ax.set_title("2. Recovery time versus state size")
-    ax = axes[1][0]
-    snap = results.get("snapshot")
-    if snap:
-        for kind in ("ndb-sqlite", "ndb-mariadb"):
-            ns = sorted(int(k.split("/")[1]) for k in snap if k.startswith(kind + "/"))
-            ms = [snap[f"{kind}/{n}"]["median_s"] * 1000 for n in ns]
-            ax.plot(ns, ms, "o-", color=COLORS[kind], label=LABELS[kind])
-            for n, v in zip(ns, ms, strict=True):
-                ax.annotate(f"{v:,.0f} ms", (n, v), textcoords="offset points",
-                            xytext=(6, -12 if "sqlite" in kind else 6), fontsize=8,
-                            color=COLORS[kind])
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.margins(x=0.15, y=0.15)
-        ax.set_xlabel("dirty ValueState entries")
-        ax.set_ylabel("snapshot pause (ms, median)")
-        ax.legend(fontsize=8)
-    ax.set_title("3. Checkpoint pause versus dirty-set size (no Flink)")
+    snapshot_panel(results.get("snapshot"), axes[1][0])
     ax = axes[1][1]
     sql = results.get("sql")
     if sql:
@@ -1091,6 +1362,122 @@ def chart(results: dict, path: Path) -> None:
     restore_rows_panels(results.get("restore_rows"), axes[2][0], axes[2][1])
     fig.suptitle("pyflink-ndb vs Flink state backends (one run, same machine)")
     fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+PAUSE_COLORS = {"rocksdb": COLORS["rocksdb"], "ndb-mariadb/async": COLORS["ndb-mariadb"],
+                "ndb-mariadb/sync": "#8172b3", "ndb-sqlite/async": COLORS["ndb-sqlite"],
+                "ndb-sqlite/sync": "#937860", "hashmap": COLORS["hashmap"],
+                "ndb-mariadb/async/or100": "#da8bc3"}
+
+
+def snapshot_panel(snap: dict | None, ax: Any) -> None:
+    """Panel 3 of bench.png: protocol-level sync pause and time to durable."""
+    ax.set_title("3. Checkpoint pause versus dirty entries (no Flink; lower is better)")
+    if not snap or "protocol" not in snap:
+        return
+    proto = snap["protocol"]
+    for kind, write_async in PAUSE_VARIANTS:
+        key = run_key(kind, write_async)
+        ns = sorted(int(k.rsplit("/", 1)[1]) for k in proto if k.startswith(key + "/"))
+        if not ns:
+            continue
+        color = PAUSE_COLORS[key]
+        name = f"{LABELS[kind].removeprefix('pyflink-ndb ')} async={str(write_async).lower()}"
+        sync = [proto[f"{key}/{n}"]["median_s"] * 1000 for n in ns]
+        ax.plot(ns, sync, "o-", color=color,
+                label=f"{name}: sync pause" + ("" if write_async else " (= durable)"))
+        if write_async:
+            dur = [proto[f"{key}/{n}"]["durable_median_s"] * 1000 for n in ns]
+            ax.plot(ns, dur, "s:", color=color, alpha=0.7, label=f"{name}: until durable")
+        if kind == "ndb-mariadb":
+            for n, v in zip(ns, sync, strict=True):
+                ax.annotate(f"{v:,.2f} ms" if v < 10 else f"{v:,.0f} ms", (n, v),
+                            textcoords="offset points", fontsize=7, color=color,
+                            xytext=(0, 7) if write_async else (-7, 7),
+                            ha="center" if write_async else "right")
+    values = [v for r in proto.values() for v in (r["median_s"], r["durable_median_s"])]
+    ax.axhline(5, color="#999999", lw=0.8, ls="--")
+    ax.text(0.01, 5, "target 5 ms", transform=ax.get_yaxis_transform(), fontsize=7,
+            color="#777777", va="bottom")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.margins(x=0.2)
+    ax.set_ylim(min(values) * 1000 / 3, max(values) * 1000 * 60)  # room for the legend
+    ax.set_xlabel("dirty ValueState entries per checkpoint")
+    ax.set_ylabel("ms (median; log scale)")
+    ax.legend(fontsize=6.5, loc="upper left", ncol=2)
+
+
+def pause_chart(snap: dict | None, path: Path) -> None:
+    """checkpoint-pause.png: per job-level run its records per second with the
+    checkpoints marked, and one panel of the sync duration per checkpoint."""
+    if not snap or not snap.get("job"):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = snap["job"]
+    fig, axes = plt.subplots(len(runs) + 1, 1, figsize=(12, 2.6 * len(runs) + 3.6),
+                             gridspec_kw={"height_ratios": [1] * len(runs) + [1.3]})
+    top = max(c for r in runs.values() for _, c in r["per_second"]) * 1.15
+    span = max(len(r["per_second"]) for r in runs.values())
+    for ax, (key, r) in zip(axes, runs.items(), strict=False):
+        color = PAUSE_COLORS.get(key, "#333333")
+        xs = [s for s, _ in r["per_second"]]
+        ys = [c for _, c in r["per_second"]]
+        if xs:  # the last second's bar ends one second later
+            xs, ys = [*xs, xs[-1] + 1], [*ys, ys[-1]]
+        ax.step(xs, ys, where="post", color=color, lw=1.4)
+        ax.fill_between(xs, ys, step="post", color=color, alpha=0.15)
+        for c in r["checkpoints"]:
+            t = c["trigger_ms"] / 1000 - r["start_s"]
+            ax.axvspan(t, t + c["end_to_end_ms"] / 1000, color="#999999", alpha=0.18, lw=0)
+            ax.axvline(t, color="#555555", lw=0.6, alpha=0.6)
+        for c in r.get("unfinished", []):
+            t = c["trigger_ms"] / 1000 - r["start_s"]
+            if t >= 0:
+                ax.axvspan(t, span, facecolor="none", edgecolor="#c44e52", hatch="//",
+                           alpha=0.35, lw=0)
+                ax.axvline(t, color="#c44e52", lw=0.8)
+        if r.get("records_per_s"):
+            ax.axhline(r["records_per_s"], color=color, lw=0.8, ls="--")
+        ax.set_xlim(0, span)
+        ax.set_ylim(0, top)
+        ax.set_ylabel("records/s\n(higher is better)", fontsize=8)
+        sync = (f"; Flink sync median {r['sync_median_ms']:,.1f} ms, max "
+                f"{r['sync_max_ms']:,.0f} ms" if "sync_median_ms" in r else "")
+        ax.set_title(f"{r['label']}: mean {r['records_per_s'] or 0:,.0f}/s (dashed), "
+                     f"{len(r['checkpoints'])} checkpoints completed{sync}",
+                     fontsize=9, loc="left")
+    axes[-2].set_xlabel("seconds since the first record (records per whole second, both "
+                        "subtasks summed)\ngrey: checkpoint trigger → completed; red "
+                        "hatched: triggered and not completed by the end of the run",
+                        fontsize=8)
+    ax = axes[-1]
+    for key, r in runs.items():
+        points = [(c["trigger_ms"] / 1000 - r["start_s"], s["sync_ms"])
+                  for c in r["checkpoints"] for s in c["subtasks"]]
+        if points:
+            ax.plot(*zip(*points, strict=True), "o", ms=3.5, alpha=0.75,
+                    color=PAUSE_COLORS.get(key, "#333333"), label=r["label"])
+    ax.axhline(5, color="#999999", lw=0.8, ls="--", label="target 5 ms")
+    ax.set_yscale("symlog", linthresh=1)
+    highest = max((s["sync_ms"] for r in runs.values() for c in r["checkpoints"]
+                   for s in c["subtasks"]), default=10)
+    ax.set_ylim(0, max(highest, 10) * 3)
+    ax.set_xlim(0, span)
+    ax.set_xlabel("checkpoint trigger, seconds since the first record")
+    ax.set_ylabel("sync duration, ms (symlog)")
+    ax.set_title("Flink's sync duration per checkpoint and subtask of the keyed operator "
+                 "(lower is better)", fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
+    fig.suptitle(f"Checkpoints every {CHECKPOINT_MS} ms while a ValueState counter of "
+                 f"{snap['job_keys']:,} keys is updated as fast as possible")
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -1171,10 +1558,10 @@ def git_commit() -> str:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=ROOT / "bench" / "results", show_default=True)
 @click.option("--only", multiple=True,
-              type=click.Choice(["throughput", "recovery", "snapshot", "sql",
-                                 "restore-rows"]),
+              type=click.Choice(["throughput", "recovery", "snapshot", "checkpoint-pause",
+                                 "sql", "restore-rows"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
-                   "of the throughput run.")
+                   "of the throughput run; `checkpoint-pause` is `snapshot` (part 3).")
 @click.option("--repeat", type=int, default=None,
               help="Rounds of the throughput, recovery and restore-rows jobs, median "
                    "reported (default: 3, --quick: 1).")
@@ -1188,9 +1575,11 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         (out_dir / "summary.md").write_text(
             summary_markdown(saved["meta"], saved["results"]) + "\n")
         chart(saved["results"], out_dir / "bench.png")
+        pause_chart(saved["results"].get("snapshot"), out_dir / "checkpoint-pause.png")
         click.echo((out_dir / "summary.md").read_text())
         return
-    parts = set(only or ("throughput", "recovery", "snapshot", "sql", "restore-rows"))
+    parts = {"snapshot" if p == "checkpoint-pause" else p
+             for p in only or ("throughput", "recovery", "snapshot", "sql", "restore-rows")}
     rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
     # This process's Flink log (read for the restore timeline), apart from the shared default
@@ -1213,9 +1602,13 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
                                              200 if quick else 1000, mysql_url, parallelism,
                                              rounds)
     if "snapshot" in parts:
-        results["snapshot"] = bench_snapshot([1_000, 10_000] if quick
-                                             else [1_000, 10_000, 100_000],
-                                             2 if quick else 3, mysql_url)
+        job_kinds: list[tuple[str, bool | None, int | None]] = [
+            ("rocksdb", None, None), ("ndb-mariadb", True, None), ("ndb-mariadb", False, None)]
+        if not quick:  # the experiment last: it changes the TaskManager's interpreter
+            job_kinds += [("ndb-sqlite", True, None), ("ndb-mariadb", True, 100)]
+        results["snapshot"] = bench_snapshot(
+            [1_000, 10_000] if quick else [1_000, 10_000, 100_000], 2 if quick else 3,
+            mysql_url, parallelism, 10 if quick else 40, job_kinds, warmup=not quick)
     if "sql" in parts:
         results["sql"] = bench_sql_reads(mysql_url, 1_000 if quick else 5_000,
                                          20 if quick else 100)
@@ -1229,6 +1622,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     summary = summary_markdown(meta, results)
     (out_dir / "summary.md").write_text(summary + "\n")
     chart(results, out_dir / "bench.png")
+    pause_chart(results.get("snapshot"), out_dir / "checkpoint-pause.png")
     click.echo(summary)
     log(f"done in {meta['elapsed_s'] / 60:.1f} min: {out_dir}/summary.md, bench.png")
 

@@ -89,17 +89,33 @@ class VersionLedger:
     """
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        self._entries: LRUCache = LRUCache(maxsize=max_entries)
+        ledger = self
+
+        class _Entries(LRUCache):  # type: ignore[misc]
+            def popitem(self) -> tuple[EntryRef, EntryVersions]:
+                ledger.forgot = True
+                return super().popitem()  # type: ignore[no-any-return]
+
+        self._entries: LRUCache = _Entries(maxsize=max_entries)
         #: Entries written since they were last collected.
         self.pending: set[EntryRef] = set()
+        #: True once the ledger forgot an entry (or a write failed after some of its rows
+        #: were committed): from then on no new entry is known to be complete at once.
+        self.forgot = False
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def record(self, ref: EntryRef, version: int, tombstone: bool) -> None:
+    def record(self, ref: EntryRef, version: int, tombstone: bool,
+               only_own: bool = False) -> None:
+        """A version this attempt wrote. `only_own`: the entry's key group holds no
+        inherited version (the branch inherited nothing there), so a first version recorded
+        while the ledger has never forgotten anything is all the store holds: the entry is
+        complete without reading the store."""
         entry = self._entries.get(ref)
         if entry is None:
             entry = self._entries[ref] = EntryVersions()
+            entry.complete = only_own and not self.forgot
         entry.add(version, tombstone)
         self.pending.add(ref)
 

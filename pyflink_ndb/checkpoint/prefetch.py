@@ -4,8 +4,9 @@ The restore itself stays lazy: the first record is processed at once, and a miss
 its key from the store on the task thread's connection (so on-demand reads jump the
 queue). Meanwhile the background writer (:mod:`pyflink_ndb.checkpoint.writer`, its own
 connection) streams the subtask's key groups from the store into tier 2 in pages, one page
-per job, so that a checkpoint's write waits behind at most one page. A key group whose every
-state is prefetched needs no round trip any more: a miss there means "no value"
+per background job, so that a checkpoint's write waits behind at most one page. A key
+group whose every state is prefetched needs no round trip any more: a miss there means
+"no value"
 (`TieredTable.store_has_nothing`).
 
 Consistency with the task thread: a prefetched version is the newest one the restored
@@ -67,7 +68,7 @@ class BackgroundPrefetch:
 
     def _submit(self, kg_index: int, sid_index: int, after: bytes | None) -> None:
         self.protocol.writer.submit(Job(lambda: self._page(kg_index, sid_index, after),
-                                        name="prefetch page"))
+                                        name="prefetch page", background=True))
 
     def _page(self, kg_index: int, sid_index: int, after: bytes | None) -> None:
         """Writer thread: one page; queues the next one."""

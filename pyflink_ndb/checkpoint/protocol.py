@@ -20,6 +20,7 @@ the task thread before the writer has any job.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -70,9 +71,11 @@ FINAL_EPOCH = 1
 CLEANUP_STATEMENTS_PER_CHECKPOINT = 64
 #: Rows of the parent attempt's versions adopted for garbage collection per checkpoint.
 ADOPT_ROWS_PER_CHECKPOINT = 5_000
-#: Seconds that cleanup and adoption may spend per completed checkpoint (they run on the
-#: task thread, in notifyCheckpointComplete).
+#: Seconds that cleanup and adoption may spend per garbage-collection run.
 BACKGROUND_SECONDS_PER_CHECKPOINT = 0.25
+#: Entries of the ledger's pending set one garbage-collection run looks at; the rest wait
+#: for the next run (queued again at once, behind any checkpoint write).
+GC_ENTRIES_PER_RUN = 20_000
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ class CheckpointProtocol:
         self.failed_writes: dict[int, BaseException] = {}
         #: Entries taken back from failed writes into a later epoch (total).
         self.entries_taken_back = 0
+        #: A garbage-collection run is queued (they are coalesced).
+        self._gc_queued = False
         #: Totals for metrics and logs (written by the writer thread, read anywhere).
         self.entries_written = 0
         self.bytes_written = 0
@@ -363,6 +368,7 @@ class CheckpointProtocol:
         self.last_dirty_entries = len(frozen.entries)
         self._in_flight[checkpoint_id] = frozen
         self._kinds[checkpoint_id] = kind
+        self.last_sync_ms = (time.perf_counter() - started) * 1000
         job = Job(lambda: self._write_epoch(fence, checkpoint_id, kind, frozen),
                   checkpoint_id, frozen.approx_bytes, fail_fast=True,
                   name=f"write of checkpoint {checkpoint_id}")
@@ -391,15 +397,26 @@ class CheckpointProtocol:
             if between is not None:
                 between()
             self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
-        except (ValueTooLargeError, CheckpointError, WriteCancelled):
-            raise
-        except Exception as err:
+        except BaseException as err:
+            # Some rows may be committed without the ledger knowing them: from now on a
+            # new entry's versions are read from the store before garbage collection.
+            self.ledger.forgot = True
+            if isinstance(err, (ValueTooLargeError, CheckpointError, WriteCancelled)) or not \
+                    isinstance(err, Exception):
+                raise
             raise CheckpointError(
                 f"Checkpoint {checkpoint_id} of {self.scope.operator!r} could not be "
                 f"written to {self.wstore.describe()}: {err}") from err
         size = 0
+        lineage = self.lineage
+        assert lineage is not None
+        own_only: dict[int, bool] = {}
         for row in rows:
-            self.ledger.record((row.key_group, row.state_id, row.ukey), version, row.tombstone)
+            only = own_only.get(row.key_group)
+            if only is None:
+                only = own_only[row.key_group] = not lineage.segment(row.key_group).inherited
+            self.ledger.record((row.key_group, row.state_id, row.ukey), version, row.tombstone,
+                               only)
             size += len(row.ukey) + (len(row.value) if row.value else 0)
         self.rows_written += written
         self.entries_written += len(rows)
@@ -407,9 +424,10 @@ class CheckpointProtocol:
         self.epochs_written += 1
         self.last_flush_ms = (time.perf_counter() - started) * 1000
         log.info("pyflink-ndb %s/%d: checkpoint %d durable: %d entries, %d rows, %d bytes "
-                 "in %.0f ms (synchronous phase %.2f ms)", self.scope.operator,
-                 self.scope.subtask_index, checkpoint_id, len(rows), written, size,
-                 self.last_flush_ms, self.last_sync_ms)
+                 "in %.0f ms (%s)", self.scope.operator, self.scope.subtask_index,
+                 checkpoint_id, len(rows), written, size, self.last_flush_ms,
+                 "written in the synchronous phase" if self.writer.inline else
+                 f"synchronous phase {self.last_sync_ms:.2f} ms")
         return written
 
     def settle(self, raise_fenced: bool = True) -> None:
@@ -496,7 +514,22 @@ class CheckpointProtocol:
             self.latest_completed = max(self.latest_completed, checkpoint_id)
             self.wstore.advance_committed(fence, checkpoint_id)
         self.completed += 1
+        self._queue_gc(fence)
+
+    def _queue_gc(self, fence: Fence) -> None:
+        """Queue one garbage-collection run as a background job: it runs when no
+        checkpoint write or completion waits (those go first), one at a time."""
+        if self._gc_queued:
+            return
+        self._gc_queued = True
+        self.writer.submit(Job(lambda: self._gc_job(fence), name="garbage collection",
+                               background=True))
+
+    def _gc_job(self, fence: Fence) -> None:
+        self._gc_queued = False
         self.collect_garbage()
+        if len(self.ledger.pending) > GC_ENTRIES_PER_RUN and not self.writer.inline:
+            self._queue_gc(fence)  # more than one run's worth: go on when idle again
 
     def abort(self, checkpoint_id: int) -> None:
         """An aborted savepoint releases its pin (after its write, if that is still
@@ -602,7 +635,7 @@ class CheckpointProtocol:
         removed = 0
         state_ids = self.wstore.state_ids(self.scope.operator)
         self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT)
-        pending = sorted(self.ledger.pending)
+        pending = sorted(itertools.islice(self.ledger.pending, GC_ENTRIES_PER_RUN))
         unknown = [ref for ref in pending
                    if (e := self.ledger.get(ref)) is None or not e.complete]
         if unknown:
@@ -614,6 +647,11 @@ class CheckpointProtocol:
         for ref in pending:
             entry = self.ledger.get(ref)
             if entry is None:
+                continue
+            if entry.complete and len(entry.versions) == 1 and not entry.tombstones[0]:
+                # One value and nothing else stored: the head sees it, nothing to delete.
+                if entry.versions[0] <= keep_above:
+                    done.append(ref)
                 continue
             kg = ref[0]
             views = views_by_kg.get(kg)

@@ -12,8 +12,9 @@ asynchronous phase waits for.
 
 Jobs run one at a time, in the order they were submitted (a single thread with a FIFO
 queue): epochs are written in checkpoint order, and a completion or an abort runs after
-the write it refers to. The task thread only submits jobs and, at each hook, takes the
-outcomes (:meth:`BackgroundWriter.take_outcomes`).
+the write it refers to. Background jobs (garbage collection, prefetch pages) run only when
+nothing else waits, so they never hold a checkpoint back. The task thread only submits
+jobs and, at each hook, takes the outcomes (:meth:`BackgroundWriter.take_outcomes`).
 
 Threads and the GIL (measured with PEMJA 0.5.7, java-bridge/README.md): PEMJA releases
 the GIL whenever a call from Java into Python returns, so this thread runs while the task
@@ -59,6 +60,8 @@ class Job:
         against `write.max-pending-bytes`).
     :param fail_fast: True for epoch writes: once a write failed, the later writes fail
         without running (each builds on the rows of the ones before it).
+    :param background: runs only when no other job is queued (garbage collection,
+        prefetch pages): checkpoint writes and completions go first.
     """
 
     run: Callable[[], object]
@@ -66,6 +69,7 @@ class Job:
     pending_bytes: int = 0
     fail_fast: bool = False
     name: str = "job"
+    background: bool = False
 
 
 @dataclass
@@ -277,7 +281,7 @@ class BackgroundWriter:
                 if not self._s.queue:
                     self._thread = None  # idle: exit; submit() starts another
                     return
-                job = self._s.running = self._s.queue.popleft()
+                job = self._s.running = self._next_job()
                 poisoned = self._s.failure if job.fail_fast else None
             error: BaseException | None = None
             result: object = None
@@ -311,6 +315,15 @@ class BackgroundWriter:
                 self._report(job.checkpoint_id, error)
             if error is not None and not job.fail_fast:
                 log.warning("pyflink-ndb: background %s failed: %s", job.name, error)
+
+    def _next_job(self) -> Job:
+        """Under the lock: the first job that is not a background one, else the first."""
+        queue = self._s.queue
+        for i, job in enumerate(queue):
+            if not job.background:
+                del queue[i]
+                return job
+        return queue.popleft()
 
     def _report(self, checkpoint_id: int, error: BaseException | None) -> None:
         try:

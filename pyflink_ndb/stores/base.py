@@ -190,8 +190,11 @@ class StateStore(ABC):
     placeholder = "?"
     #: Commit every write batch (bounded transactions, for NDB) or once per epoch.
     commit_each_batch = True
-    #: Entries per statement that names entries one by one (`OR` of primary keys).
-    max_or_terms = 500
+    #: Entries per statement that names entries one by one (`OR` of primary keys). 100:
+    #: MariaDB 10.11 reads an `OR` of 300 primary keys as ranges but scans the table at
+    #: 400-500 (EXPLAIN, measured with bench part 3); NDB's MySQL server likewise turns
+    #: long `OR` lists into scans.
+    max_or_terms = 100
 
     def __init__(self, namespace: str, write_batch_rows: int = 500,
                  retry: RetryPolicy | None = None) -> None:
