@@ -58,6 +58,9 @@ WORK = ROOT / "var" / "bench"
 DEFAULT_MYSQL_URL = os.environ.get("PYFLINK_NDB_TEST_MYSQL_URL",
                                    "mysql://root@127.0.0.1:3306/test")
 CHECKPOINT_MS = 1000
+#: Prefix of every namespace the benchmark creates (`--namespace-prefix`): two runs with
+#: different prefixes never touch each other's tables. A one-element list, set by main().
+NAMESPACE_PREFIX = ["bench"]
 ZIPF_KEYS = 50_000
 ZIPF_S = 1.1
 SEED = 20130101
@@ -182,7 +185,7 @@ def run_flights(kind: str, csv: Path, dist: str, mysql_url: str, parallelism: in
     from pyflink.common import Types, WatermarkStrategy
     from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
 
-    name = f"bench_tp_{dist}"
+    name = f"{NAMESPACE_PREFIX[0]}_tp_{dist}"
     url = store_url(kind, mysql_url, name)
     options = ndb_options(url, name)
     if kind.startswith("ndb"):
@@ -287,7 +290,7 @@ def run_recovery(kind: str, n: int, probes: int, mysql_url: str, parallelism: in
     rng = np.random.default_rng(SEED + n)
     probe_keys = rng.integers(0, n or 10_000, size=probes)  # n == 0: new keys
     (work / "probe" / "probe.csv").write_text("".join(f"k{k:07d}\n" for k in probe_keys))
-    namespace = f"bench_rec_{n}"
+    namespace = f"{NAMESPACE_PREFIX[0]}_rec_{n}"
     options = ndb_options(mysql_url, namespace)
     if kind.startswith("ndb"):
         drop_namespace(mysql_url, namespace)
@@ -388,7 +391,7 @@ def pause_protocol(kind: str, write_async: bool, n: int, rounds: int, mysql_url:
     from pyflink_ndb.stores.factory import open_store
     from pyflink_ndb.testing import LocalSubtask
 
-    namespace = f"bench_cpp_{'a' if write_async else 's'}_{n}"
+    namespace = f"{NAMESPACE_PREFIX[0]}_cpp_{'a' if write_async else 's'}_{n}"
     url = store_url(kind, mysql_url, namespace)
     drop_namespace(url, namespace)
     local = str(WORK / "local")
@@ -501,7 +504,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     shutil.rmtree(work, ignore_errors=True)
     rates = work / "rates"
     rates.mkdir(parents=True)
-    namespace = f"bench_cpj_{tag.replace('-', '_')}"
+    namespace = f"{NAMESPACE_PREFIX[0]}_cpj_{tag.replace('-', '_')}"
     url = store_url(kind, mysql_url, namespace)
     options = ndb_options(url, namespace)
     if write_async is not None:
@@ -623,7 +626,7 @@ def bench_sql_reads(mysql_url: str, reads: int, view_reads: int) -> dict:
     from pyflink_ndb.stores.base import visible
     from pyflink_ndb.stores.mysql import MysqlStateStore
 
-    namespace = "bench_tp_uniform"
+    namespace = f"{NAMESPACE_PREFIX[0]}_tp_uniform"
     store = MysqlStateStore(mysql_url, namespace)
     store.open(create=False)
     conn = mysql_connection(mysql_url)
@@ -1022,7 +1025,7 @@ def bench_restore_rows(sizes: list[int], mysql_url: str, parallelism: int,
                            "abandoned_ahead": ABANDONED_AHEAD, "runs": {}}
     setups: dict[int, dict[str, Any]] = {}
     for n in sizes:
-        namespace = f"bench_rr_{n}"
+        namespace = f"{NAMESPACE_PREFIX[0]}_rr_{n}"
         work = WORK / "restore-rows" / str(n)
         shutil.rmtree(work, ignore_errors=True)
         for sub in ("input", "markers", "probe"):
@@ -1327,7 +1330,7 @@ def chart(results: dict, path: Path) -> None:
                                  f"Zipf s={ZIPF_S} ({ZIPF_KEYS:,} keys)"])
         ax.set_ylabel("records/s (net runtime)")
         ax.legend(fontsize=8)
-    ax.set_title("1. Flight-delays job throughput")
+    ax.set_title("1. Flight-delays job throughput (higher is better)")
     ax = axes[0][1]
     rec = results.get("recovery")
     if rec:
@@ -1345,7 +1348,7 @@ def chart(results: dict, path: Path) -> None:
         ax.set_ylabel("s from submit to first record")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    ax.set_title("2. Recovery time versus state size")
+    ax.set_title("2. Recovery time versus state size (lower is better)")
     snapshot_panel(results.get("snapshot"), axes[1][0])
     ax = axes[1][1]
     sql = results.get("sql")
@@ -1358,7 +1361,7 @@ def chart(results: dict, path: Path) -> None:
                      fontsize=9)
         ax.set_ylim(0, max(values) * 1.2)
         ax.set_ylabel("reads/s (one connection)")
-    ax.set_title("4. Committed-state SQL reads on MariaDB")
+    ax.set_title("4. Committed-state SQL reads on MariaDB (higher is better)")
     restore_rows_panels(results.get("restore_rows"), axes[2][0], axes[2][1])
     fig.suptitle("pyflink-ndb vs Flink state backends (one run, same machine)")
     fig.tight_layout()
@@ -1485,7 +1488,7 @@ def pause_chart(snap: dict | None, path: Path) -> None:
 def restore_rows_panels(rr: dict | None, ax: Any, ax2: Any) -> None:
     """Panels 5 (restore time versus state-table rows) and 6 (rows deleted)."""
     ax.set_title("5. Restore time versus state-table rows (lower is better)")
-    ax2.set_title("6. Abandoned-epoch rows: restore path versus later cleanup")
+    ax2.set_title("6. Abandoned-epoch rows: restore path versus later cleanup\n(lower is better)")
     if not rr:
         return
     sizes = sorted(int(n) for n in rr["runs"])
@@ -1565,11 +1568,18 @@ def git_commit() -> str:
 @click.option("--repeat", type=int, default=None,
               help="Rounds of the throughput, recovery and restore-rows jobs, median "
                    "reported (default: 3, --quick: 1).")
+@click.option("--namespace-prefix", default="bench", show_default=True,
+              help="Prefix of the benchmark's namespaces ([a-z][a-z0-9_]{0,19}): give two "
+                   "runs on one database different prefixes.")
 @click.option("--replot", is_flag=True,
               help="Only redraw summary.md and bench.png from OUT/results.json.")
 def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
-         only: tuple[str, ...], repeat: int | None, replot: bool) -> None:
+         only: tuple[str, ...], repeat: int | None, namespace_prefix: str, replot: bool) -> None:
     """Benchmark pyflink-ndb against PyFlink's hashmap and RocksDB backends."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,19}", namespace_prefix):
+        raise click.BadParameter("use 1-20 characters of [a-z0-9_], starting with a letter",
+                                 param_hint="--namespace-prefix")
+    NAMESPACE_PREFIX[0] = namespace_prefix
     if replot:
         saved = json.loads((out_dir / "results.json").read_text())
         (out_dir / "summary.md").write_text(
@@ -1594,28 +1604,44 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
             "python": platform.python_version()}
     results: dict[str, Any] = {}
     started = time.monotonic()
+    from tqdm import tqdm
+
+    order = ("throughput", "recovery", "snapshot", "sql", "restore-rows")
+    progress = tqdm(total=len(parts), desc="bench parts", unit=" part", file=sys.stderr,
+                    disable=None)
+
+    def part_done(name: str) -> None:
+        if name in parts:
+            progress.update(1)
+            progress.set_postfix_str(f"{name} done")
     if "throughput" in parts:
         results["throughput"] = bench_throughput(40_000 if quick else None, mysql_url,
                                                  parallelism, rounds)
+    part_done(order[0])
     if "recovery" in parts:
         results["recovery"] = bench_recovery([2_000, 10_000] if quick else [10_000, 100_000],
                                              200 if quick else 1000, mysql_url, parallelism,
                                              rounds)
+    part_done(order[1])
     if "snapshot" in parts:
         job_kinds: list[tuple[str, bool | None, int | None]] = [
             ("rocksdb", None, None), ("ndb-mariadb", True, None), ("ndb-mariadb", False, None)]
-        if not quick:  # the experiment last: it changes the TaskManager's interpreter
-            job_kinds += [("ndb-sqlite", True, None), ("ndb-mariadb", True, 100)]
+        if not quick:
+            job_kinds += [("ndb-sqlite", True, None)]
         results["snapshot"] = bench_snapshot(
             [1_000, 10_000] if quick else [1_000, 10_000, 100_000], 2 if quick else 3,
             mysql_url, parallelism, 10 if quick else 40, job_kinds, warmup=not quick)
+    part_done(order[2])
     if "sql" in parts:
         results["sql"] = bench_sql_reads(mysql_url, 1_000 if quick else 5_000,
                                          20 if quick else 100)
+    part_done(order[3])
     if "restore-rows" in parts:
         results["restore_rows"] = bench_restore_rows(
             [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000], mysql_url,
             parallelism, rounds)
+    part_done(order[4])
+    progress.close()
     meta["elapsed_s"] = time.monotonic() - started
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results},
                                                      indent=2))

@@ -20,7 +20,6 @@ the task thread before the writer has any job.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -73,8 +72,8 @@ CLEANUP_STATEMENTS_PER_CHECKPOINT = 64
 ADOPT_ROWS_PER_CHECKPOINT = 5_000
 #: Seconds that cleanup and adoption may spend per garbage-collection run.
 BACKGROUND_SECONDS_PER_CHECKPOINT = 0.25
-#: Entries of the ledger's pending set one garbage-collection run looks at; the rest wait
-#: for the next run (queued again at once, behind any checkpoint write).
+#: Entries of the ledger's pending set one garbage-collection run looks at; a pass over
+#: them all goes on in further runs, each behind any checkpoint write.
 GC_ENTRIES_PER_RUN = 20_000
 
 
@@ -150,6 +149,8 @@ class CheckpointProtocol:
         self.entries_taken_back = 0
         #: A garbage-collection run is queued (they are coalesced).
         self._gc_queued = False
+        #: The entries the current garbage-collection pass has yet to look at.
+        self._gc_todo: list[tuple[int, int, bytes]] = []
         #: Totals for metrics and logs (written by the writer thread, read anywhere).
         self.entries_written = 0
         self.bytes_written = 0
@@ -526,10 +527,17 @@ class CheckpointProtocol:
                                background=True))
 
     def _gc_job(self, fence: Fence) -> None:
+        """One run: the next chunk of this pass over the entries pending at its start (a
+        pass starts with the first run after a completion and ends when the chunks are
+        done; entries kept for retention stay pending for the next pass)."""
         self._gc_queued = False
-        self.collect_garbage()
-        if len(self.ledger.pending) > GC_ENTRIES_PER_RUN and not self.writer.inline:
-            self._queue_gc(fence)  # more than one run's worth: go on when idle again
+        if not self._gc_todo:
+            self._gc_todo = sorted(self.ledger.pending)
+        chunk, self._gc_todo = (self._gc_todo[:GC_ENTRIES_PER_RUN],
+                                self._gc_todo[GC_ENTRIES_PER_RUN:])
+        self.collect_garbage(chunk)
+        if self._gc_todo and not self.writer.inline:
+            self._queue_gc(fence)  # the pass goes on when the writer is idle again
 
     def abort(self, checkpoint_id: int) -> None:
         """An aborted savepoint releases its pin (after its write, if that is still
@@ -625,9 +633,11 @@ class CheckpointProtocol:
                 views.append(lineages[r.branch].at(key_group, r.epoch))
         return views
 
-    def collect_garbage(self) -> int:
+    def collect_garbage(self, refs: Sequence[tuple[int, int, bytes]] | None = None) -> int:
         """Delete versions no protected snapshot needs, expired rows, and a bounded batch
-        of abandoned versions; returns rows removed."""
+        of abandoned versions; returns rows removed.
+
+        :param refs: the pending entries to look at (default: every pending one)."""
         fence = self._require_open()
         assert self.lineage is not None
         protected = self.protected_snapshots()
@@ -635,7 +645,8 @@ class CheckpointProtocol:
         removed = 0
         state_ids = self.wstore.state_ids(self.scope.operator)
         self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT)
-        pending = sorted(itertools.islice(self.ledger.pending, GC_ENTRIES_PER_RUN))
+        pending = sorted(self.ledger.pending) if refs is None else [
+            r for r in refs if r in self.ledger.pending]
         unknown = [ref for ref in pending
                    if (e := self.ledger.get(ref)) is None or not e.complete]
         if unknown:
