@@ -1363,6 +1363,12 @@ def chart(results: dict, path: Path) -> None:
         ax.set_ylabel("reads/s (one connection)")
     ax.set_title("4. Committed-state SQL reads on MariaDB (higher is better)")
     restore_rows_panels(results.get("restore_rows"), axes[2][0], axes[2][1])
+    for ax in axes.flat:
+        if not ax.has_data():  # a part left out with --only
+            ax.text(0.5, 0.5, "not measured in this run (--only)", ha="center",
+                    va="center", transform=ax.transAxes, color="grey")
+            ax.set_xticks([])
+            ax.set_yticks([])
     fig.suptitle("pyflink-ndb vs Flink state backends (one run, same machine)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
