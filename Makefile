@@ -79,6 +79,14 @@ bench: venv jar db
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS) --mysql-url "$(PYFLINK_NDB_TEST_MYSQL_URL)"
 
+# Fault injection, the long variant: 200+ faults (crashes inside the protocol, bad records,
+# database kills, outages of 10 s and 60 s, locks and deadlocks, TaskManager kill -9 and
+# zombies on a two-TaskManager cluster, rescale 2→3→1); 11-13 minutes here. Writes
+# tests/faults/results.md (see README, "Fault injection"). Not part of `make test`, which
+# runs the quick variant (tests/test_faults.py).
+faults: venv jar db
+	$(PY) -m tests.faults --variant long --out tests/faults/results.md
+
 lint: venv
 	$(VENV)/bin/ruff check pyflink_ndb tests jobs bench setup.py
 	$(VENV)/bin/mypy pyflink_ndb

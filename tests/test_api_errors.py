@@ -97,7 +97,16 @@ def test_fresh_start_on_used_namespace_fails_when_the_job_is_built(tmp_path):
     options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": "used"}
     with pytest.raises(NamespaceInUseError, match="on-fresh-start"):
         pyflink_ndb.process(keyed(), Noop(), uid="counter", options=options)
-    # Restoring a savepoint, or another policy, is allowed.
+    # Restoring a savepoint, or another policy, is allowed. Flink 1.20's `flink run -s`
+    # sets execution.state-recovery.path (the older execution.savepoint.path also counts).
+    for key in ("execution.state-recovery.path", "execution.savepoint.path"):
+        config = Configuration()
+        config.set_string(key, str(tmp_path / "savepoint-1"))
+        config.set_string("python.execution-mode", "thread")
+        config.set_string("python.executable", sys.executable)
+        env = StreamExecutionEnvironment.get_execution_environment(config)
+        stream = env.from_collection([1], Types.INT()).key_by(lambda x: x, Types.INT())
+        pyflink_ndb.process(stream, Noop(), uid="counter", options=options)
     pyflink_ndb.process(keyed(), Noop(), uid="counter",
                         options={**options, "state.backend.ndb.on-fresh-start": "resume"})
 

@@ -60,6 +60,10 @@ def bridge_jar() -> Path:
     return BRIDGE_JAR
 
 
+#: The configuration keys by which a job restores a checkpoint or savepoint.
+RESTORE_PATH_KEYS = ("execution.state-recovery.path", "execution.savepoint.path")
+
+
 def _job_options(j_conf: Any, options: NdbStateOptions | Mapping[str, Any] | None
                  ) -> tuple[NdbStateOptions, dict[str, Any]]:
     """(validated options, the `state.backend.ndb.*` keys the client was given).
@@ -99,7 +103,9 @@ def _prepare(stream: Any, function: Any, uid: str | None,
     if check_store and PREFIX + "url" in given:
         store = open_store(resolved)
         try:
-            if not j_conf.containsKey("execution.savepoint.path"):
+            # Flink 1.20's `flink run -s` sets execution.state-recovery.path; the older
+            # key is still honoured (SavepointConfigOptions / StateRecoveryOptions).
+            if not any(j_conf.containsKey(key) for key in RESTORE_PATH_KEYS):
                 check_fresh_start(store, resolved, operator)
         finally:
             store.close()
