@@ -34,11 +34,11 @@ def test_quick_fault_runs_lose_and_double_nothing(mysql_url: str, tmp_path: Path
                  "db: server-side KILL of the job's sessions",
                  "db: lock-wait timeout (owner row locked 56 s)"):
         assert any(f.kind == kind for f in faults), (kind, text)
-    # Deadlocks: the competitor provokes them when it catches a job transaction queued
-    # behind its shared lock (not always); the job's subtasks also deadlock each other on
-    # the owner row (error 1213 in its retries) in every run.
-    assert (any(f.kind == "db: deadlock with a competing session" for f in faults)
-            or "1213" in text), text
+    # Deadlocks: the competitor provokes one only when it catches a job transaction queued
+    # behind its lock, which it does not always (the job's subtasks no longer deadlock
+    # each other on the owner row since _lock_operator locks before it inserts), so the
+    # quick variant requires the lock waits above, not a deadlock; `make faults` reports
+    # the deadlocks it provoked.
     not_recovered = [(f.kind, f.detail) for f in faults if f.recovered_s is None]
     assert not not_recovered, text
     for r in results:
