@@ -3,10 +3,11 @@ for any MySQL client, savepoints and their release, dropping and migrating names
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import click
@@ -52,6 +53,20 @@ def _open(url: str, namespace: str) -> StateStore:
         raise click.ClickException(str(err)) from err
 
 
+@contextlib.contextmanager
+def _opened(opener: Callable[[str, str], StateStore], url: str, namespace: str
+            ) -> Iterator[StateStore]:
+    """The store `opener` opens, closed after the command; a store error becomes a
+    one-line error instead of a traceback."""
+    store = opener(url, namespace)
+    try:
+        yield store
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
+    finally:
+        store.close()
+
+
 @click.group()
 @click.version_option(package_name="pyflink-ndb", prog_name="pyflink-ndb")
 def main() -> None:
@@ -71,8 +86,7 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
           limit: int, show_sql: bool) -> None:
     """Print the committed state (the operator's latest completed checkpoint): one JSON
     line per entry (key, value, checkpoint)."""
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         if show_sql:
             if operator is None:
                 raise click.ClickException("--sql needs --operator: each operator's "
@@ -117,16 +131,11 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
                 click.echo(json.dumps(entry, default=repr))
                 printed += 1
         click.echo(f"-- {printed} committed entries printed from {store.describe()}", err=True)
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
              branches: tuple[int, ...], job: str | None) -> None:
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         row = store.read_operator(operator)
         owners = {br for _, _, br in row.owners} if row is not None else set()
         committed = set() if row is None or row.committed is None else {
@@ -169,10 +178,6 @@ def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
         kinds = sorted({r.kind for r in found})
         click.echo(f"released {'/'.join(kinds)} {checkpoint_id} of {operator} ({removed} "
                    "subtask snapshot(s)); garbage collection reclaims what only it needed")
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 _release_options = [
@@ -386,8 +391,7 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
 
 
 def _namespace_status(url: str, namespace: str) -> dict[str, Any]:
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         stats = storage_by_state(store)
         operators = []
         for row in store.operators():
@@ -416,10 +420,6 @@ def _namespace_status(url: str, namespace: str) -> dict[str, Any]:
                     snapshots, {(c[2], c[3]) for c in committed},
                     {br for _, _, br in row.owners})})
         return {"namespace": namespace, "store": store.describe(), "operators": operators}
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 def _print_status(doc: dict[str, Any]) -> None:
@@ -525,8 +525,7 @@ def get(url: str, namespace: str, operator: str, state_name: str, key_type: str,
         key: str) -> None:
     """Print one key's committed value, as the state API returns it (a ListState's list,
     a MapState's mapping; values of any size; TTL-expired: absent)."""
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         states = _states(store, _operators(store, namespace, operator), state_name)
         wanted = parse_key(key, key_type)
         for attempt in range(_STALE_ATTEMPTS):
@@ -552,10 +551,6 @@ def get(url: str, namespace: str, operator: str, state_name: str, key_type: str,
             for line in _table(["FIELD", "VALUE"], [[k, _compact(v, 0) if k in (
                     "key", "value") else v] for k, v in doc.items()]):
                 click.echo(line)
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 @main.command()
@@ -584,8 +579,7 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
         raise click.ClickException("Give --key or --prefix, not both.")
     if limit < 0:
         raise click.ClickException(f"--limit must be 0 (all) or more, not {limit}.")
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         states = _states(store, _operators(store, namespace, operator), state_name)
         cursor = None if after is None else Cursor.from_token(after)
         key = None if key_text is None else parse_key(key_text, key_type)
@@ -646,10 +640,6 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
         click.echo(f"-- {printed} entries from {store.describe()}", err=True)
         if limit and printed >= limit and last is not None:
             click.echo(f"-- next page: --after {last.cursor.to_token()}", err=True)
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 @main.command()
@@ -663,8 +653,7 @@ def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
                fmt: str) -> None:
     """List the savepoints (pinned until released) of each operator; `pyflink-ndb release`
     releases one."""
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         ops = _operators(store, namespace, operator)
         rows = []
         for op in ops:
@@ -691,10 +680,6 @@ def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
         if rows:
             click.echo(f"-- release one: pyflink-ndb release --url '{redact_url(url)}' "
                        f"--namespace {namespace} --operator UID --checkpoint N", err=True)
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 @main.command()
@@ -709,8 +694,7 @@ def gc(url: str, namespace: str, operator: str | None, dry_run: bool) -> None:
     run; the versions of running subtasks are left to them."""
     from pyflink_ndb.checkpoint.offline_gc import collect_garbage_now
 
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         total = 0
         for op in _operators(store, namespace, operator):
             report = collect_garbage_now(store, op, dry_run=dry_run)
@@ -723,10 +707,6 @@ def gc(url: str, namespace: str, operator: str | None, dry_run: bool) -> None:
                           if report.kept_as_owners else ""))
         click.echo(f"{'would remove' if dry_run else 'removed'} {total:,} versions in "
                    f"namespace {namespace}")
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 @main.command()
@@ -736,8 +716,7 @@ def gc(url: str, namespace: str, operator: str | None, dry_run: bool) -> None:
 def drop(url: str, namespace: str, yes: bool) -> None:
     """Drop a namespace for good: its state, checkpoint history, catalog and views. No
     job may run on it; every checkpoint and savepoint of it becomes unrestorable."""
-    store = _connect_only(url, namespace)
-    try:
+    with _opened(_connect_only, url, namespace) as store:
         if namespace not in list_namespaces(store):
             raise _no_namespace(store, namespace)
         summary = ""
@@ -753,10 +732,6 @@ def drop(url: str, namespace: str, yes: bool) -> None:
         store.drop_tables()
         click.echo(f"dropped namespace {namespace} in {where}"
                    + (f" (and views {', '.join(dropped_views)})" if dropped_views else ""))
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 @main.group("views")
@@ -772,8 +747,7 @@ def views_group() -> None:
 def views_create(url: str, namespace: str, print_sql: bool) -> None:
     """Create (or replace) `<ns>_committed`: one row per state and key of the latest
     completed checkpoint (a map state one per map key), values as JSON."""
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         if print_sql:
             check_server(store)
             for statement in views_sql(store):
@@ -783,10 +757,6 @@ def views_create(url: str, namespace: str, print_sql: bool) -> None:
         click.echo(f"created views {', '.join(names)} in {store.describe()}")
         click.echo(f"try: SELECT state, key_text, mkey, vjson, checkpoint FROM "
                    f"{view_names(namespace)[0]} LIMIT 10;")
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 @views_group.command("drop")
@@ -794,15 +764,10 @@ def views_create(url: str, namespace: str, print_sql: bool) -> None:
 @_namespace
 def views_drop(url: str, namespace: str) -> None:
     """Drop the namespace's views (its tables stay)."""
-    store = _open(url, namespace)
-    try:
+    with _opened(_open, url, namespace) as store:
         names = drop_views(store)
         click.echo(f"dropped views {', '.join(names)}" if names
                    else f"namespace {namespace} has no views")
-    except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
-    finally:
-        store.close()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from cachetools import LRUCache
 
 from pyflink_ndb.errors import ValueTooLargeError
 from pyflink_ndb.serialization.keys import key_json, split_key
-from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, WriteRow
+from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, StoredVersion, WriteRow
 from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
 from pyflink_ndb.tiers.local import LocalTier, unpack
@@ -185,9 +185,10 @@ class TieredTable:
                 return entry
         return None
 
-    def get(self, state_id: int, ukey: bytes, key_group: int) -> Entry:
-        """The entry, read from the first tier that knows it (cached in tier 1 after)."""
-        eid = (state_id, ukey)
+    def _from_tiers(self, eid: EntryId, key_group: int) -> Entry | None:
+        """The entry as tiers 1-2 (or an epoch in flight) know it, or "no value" where the
+        store holds nothing; None when only the store can answer. Counts the hit, and puts
+        what the lower tiers answered into tier 1."""
         entry = self._cache.get(eid)
         if entry is not None:
             self.tier1_hits += 1
@@ -198,41 +199,37 @@ class TieredTable:
         elif self.store_has_nothing(key_group):
             self.store_reads_saved += 1
             entry = Entry(None, key_group, None)
+        else:
+            return None
+        self._cache_put(eid, entry)
+        return entry
+
+    @staticmethod
+    def _stored_entry(version: StoredVersion | None, key_group: int) -> Entry:
+        """The entry of a stored version (None or a tombstone: "no value")."""
+        if version is None or version.tombstone:
+            return Entry(None, key_group, None)
+        return Entry(version.value, key_group, version.expires_at_ms)
+
+    def get(self, state_id: int, ukey: bytes, key_group: int) -> Entry:
+        """The entry, read from the first tier that knows it (cached in tier 1 after)."""
+        eid = (state_id, ukey)
+        entry = self._from_tiers(eid, key_group)
         if entry is None:
             self.store_reads += 1
             started = time.perf_counter()
             version = self.store.read_latest(state_id, key_group, ukey,
                                              self.visibility(key_group))
             self.store_read_seconds += time.perf_counter() - started
-            if version is None or version.tombstone:
-                entry = Entry(None, key_group, None)
-            else:
-                entry = Entry(version.value, key_group, version.expires_at_ms)
-        self._cache_put(eid, entry)
+            entry = self._stored_entry(version, key_group)
+            self._cache_put(eid, entry)
         return entry
 
     def get_many(self, state_id: int, ukeys: list[bytes], key_group: int) -> list[Entry]:
         """:meth:`get` of several entries of one key group (in order); the ones no tier
         knows are read from the store in one query."""
-        out: list[Entry | None] = []
-        missing: list[int] = []
-        for i, ukey in enumerate(ukeys):
-            eid = (state_id, ukey)
-            entry = self._cache.get(eid)
-            if entry is not None:
-                self.tier1_hits += 1
-            else:
-                entry = self._lower(eid)
-                if entry is not None:
-                    self.tier2_hits += 1
-                elif self.store_has_nothing(key_group):
-                    self.store_reads_saved += 1
-                    entry = Entry(None, key_group, None)
-                else:
-                    missing.append(i)
-                if entry is not None:
-                    self._cache_put(eid, entry)
-            out.append(entry)
+        out = [self._from_tiers((state_id, ukey), key_group) for ukey in ukeys]
+        missing = [i for i, entry in enumerate(out) if entry is None]
         if missing:
             self.store_reads += 1
             started = time.perf_counter()
@@ -241,9 +238,7 @@ class TieredTable:
                                                 self.visibility(key_group))
             self.store_read_seconds += time.perf_counter() - started
             for i in missing:
-                version = found.get(ukeys[i])
-                entry = (Entry(None, key_group, None) if version is None or version.tombstone
-                         else Entry(version.value, key_group, version.expires_at_ms))
+                entry = self._stored_entry(found.get(ukeys[i]), key_group)
                 self._cache_put((state_id, ukeys[i]), entry)
                 out[i] = entry
         return [e for e in out if e is not None]
