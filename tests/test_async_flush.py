@@ -19,7 +19,7 @@ import pickle
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,23 +40,6 @@ from pyflink_ndb.stores import StateStore
 from pyflink_ndb.testing import CheckpointStorage, LocalSubtask, ManualClock
 
 ANY = Types.PICKLED_BYTE_ARRAY()
-MakeStore = Callable[..., StateStore]
-
-
-@pytest.fixture
-def store_factory(store_factory: MakeStore) -> Iterator[MakeStore]:
-    """conftest's factory; every store is closed before any namespace is dropped (MariaDB's
-    DROP TABLE waits for the metadata lock of a store that is still open)."""
-    opened: list[StateStore] = []
-
-    def make(kind: str, namespace: str | None = None) -> StateStore:
-        store = store_factory(kind, namespace)
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
 
 
 STORES = [pytest.param("sqlite", id="sqlite"),

@@ -17,7 +17,6 @@ import math
 import pickle
 import socket
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -50,25 +49,6 @@ from pyflink_ndb.testing import LocalSubtask, ManualClock
 
 ANY = Types.PICKLED_BYTE_ARRAY()
 KEYS = ["a", 1, (2, "x"), b"\x00k", 2.5]
-
-MakeStore = Callable[..., StateStore]
-
-
-@pytest.fixture
-def store_factory(store_factory: MakeStore) -> Any:
-    """conftest's factory, except that every store is closed before any namespace is
-    dropped: several stores here share one namespace, and MariaDB's DROP TABLE waits
-    (lock_wait_timeout: a year) for the metadata lock of a store that is still open."""
-    opened: list[StateStore] = []
-
-    def make(kind: str, namespace: str | None = None) -> StateStore:
-        store = store_factory(kind, namespace)
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
 
 
 # -- helpers -------------------------------------------------------------------------------
