@@ -20,7 +20,10 @@ Figures (see README, "Benchmarks"):
 5. restore time versus state-table rows: submit → first record after restoring a savepoint
    of pyflink-ndb on MariaDB whose state table was bulk-filled to 10k / 100k / 1M rows, half
    of them an abandoned epoch that a format-1 restore deleted before the first record; and
-   the rows the restore deleted (none: cleanup runs later, in the background).
+   the rows the restore deleted (none: cleanup runs later, in the background);
+6. committed-state point reads (`--only reads`, bench/reads.py): one SQL client on MariaDB
+   reading random keys of 100,000 by primary key, through the `<ns>_committed` view and by
+   `kjson`, and through `pyflink-ndb get`'s read path: reads/s, p50/p99/p99.9, EXPLAIN.
 
 Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-pause.png).
 """
@@ -1307,6 +1310,10 @@ def summary_markdown(meta: dict, results: dict) -> str:
             "(not the abandoned ones) in the full run: " + ", ".join(
             f"{n:,}: {'yes' if ok[n] else 'NO'}" for n in sizes)
             + f". Part took {rr.get('elapsed_s', 0) / 60:.1f} min.", ""]
+    if results.get("reads"):
+        from bench.reads import markdown as reads_markdown
+
+        lines += reads_markdown(results["reads"])
     return "\n".join(lines)
 
 
@@ -1568,7 +1575,7 @@ def git_commit() -> str:
               default=ROOT / "bench" / "results", show_default=True)
 @click.option("--only", multiple=True,
               type=click.Choice(["throughput", "recovery", "snapshot", "checkpoint-pause",
-                                 "sql", "restore-rows"]),
+                                 "sql", "restore-rows", "reads"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run; `checkpoint-pause` is `snapshot` (part 3).")
 @click.option("--repeat", type=int, default=None,
@@ -1595,7 +1602,8 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         click.echo((out_dir / "summary.md").read_text())
         return
     parts = {"snapshot" if p == "checkpoint-pause" else p
-             for p in only or ("throughput", "recovery", "snapshot", "sql", "restore-rows")}
+             for p in only or ("throughput", "recovery", "snapshot", "sql", "restore-rows",
+                               "reads")}
     rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
     # This process's Flink log (read for the restore timeline), apart from the shared default
@@ -1612,7 +1620,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     started = time.monotonic()
     from tqdm import tqdm
 
-    order = ("throughput", "recovery", "snapshot", "sql", "restore-rows")
+    order = ("throughput", "recovery", "snapshot", "sql", "restore-rows", "reads")
     progress = tqdm(total=len(parts), desc="bench parts", unit=" part", file=sys.stderr,
                     disable=None)
 
@@ -1647,6 +1655,14 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
             [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000], mysql_url,
             parallelism, rounds)
     part_done(order[4])
+    if "reads" in parts:
+        from bench.reads import bench_reads
+
+        results["reads"] = bench_reads(
+            mysql_url, f"{NAMESPACE_PREFIX[0]}_reads", keys=20_000 if quick else 100_000,
+            reads=2_000 if quick else 20_000, warmup=200 if quick else 2_000,
+            write_cost_entries=5_000 if quick else 20_000, log=log)
+    part_done(order[5])
     progress.close()
     meta["elapsed_s"] = time.monotonic() - started
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results},

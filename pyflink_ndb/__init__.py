@@ -1,11 +1,14 @@
 """pyflink-ndb: PyFlink keyed state in an LRU cache, a local RocksDB and RonDB.
 
-Use :func:`process` / :func:`co_process` instead of `KeyedStream.process` /
-`ConnectedStreams.process`; the function and its state declarations stay unchanged.
+Either switch a whole job with `state.backend.ndb.enabled: true` (this import installs the
+switch: :mod:`pyflink_ndb.api.switch`), or use :func:`process` / :func:`co_process` instead
+of `KeyedStream.process` / `ConnectedStreams.process` for single operators; the functions
+and their state declarations stay unchanged.
 """
 
 from pyflink_ndb._environment import put_interpreter_first_on_path
 from pyflink_ndb.api.stream import co_process, process
+from pyflink_ndb.api.switch import install as install_switch
 from pyflink_ndb.config import KNOWN_KEYS, NdbStateOptions
 from pyflink_ndb.errors import (
     CheckpointError,
@@ -21,6 +24,7 @@ from pyflink_ndb.errors import (
 __version__ = "0.1.0"
 
 put_interpreter_first_on_path()
+install_switch()
 
 __all__ = [
     "KNOWN_KEYS",

@@ -80,3 +80,142 @@ def hook_record_keys(operation: Any, set_key: Any) -> bool:
 
         setattr(main, name, hooked)
     return True
+
+
+#: The getters of PyFlink's embedded `KeyedStateBackend` that create keyed state.
+KEYED_STATE_GETTERS = ("get_value_state", "get_list_state", "get_map_state",
+                       "get_reducing_state", "get_aggregating_state")
+
+
+def route_keyed_state(runtime_context: Any, get_state: Any) -> bool:
+    """Make the keyed state of a thread-mode operation come from `get_state(descriptor)`.
+
+    PyFlink's embedded operations (`fn_execution/datastream/embedded/operations.py`) hand
+    one `KeyedStateBackend` object both to the runtime context and to the window operator
+    (window contents, trigger state, per-window and global state, the merging window set);
+    its five getters are replaced on that object. Returns False when the runtime context
+    has no keyed state backend (not a keyed operation).
+    """
+    getter = getattr(runtime_context, "get_keyed_state_backend", None)
+    keyed_backend = getter() if callable(getter) else None
+    if keyed_backend is None or not all(hasattr(keyed_backend, n) for n in KEYED_STATE_GETTERS):
+        return False
+    for name in KEYED_STATE_GETTERS:
+        setattr(keyed_backend, name, get_state)
+    return True
+
+
+def hook_timer_keys(operation: Any, set_key: Any) -> bool:
+    """Call `set_key(<the timer's key>)` before each timer of a thread-mode operation.
+
+    PyFlink's embedded `on_timer_func` closes over the timer context whose
+    `get_current_key()` reads the firing timer's key from Java. Returns False (nothing
+    changed) when the operation does not have that shape.
+    """
+    main = getattr(operation, "_main_operation", None)
+    on_timer = getattr(main, "_on_timer_func", None)
+    cells = getattr(on_timer, "__closure__", None) or ()
+    contexts = [c.cell_contents for c in cells
+                if callable(getattr(c.cell_contents, "get_current_key", None))]
+    if len(contexts) != 1:
+        return False
+    context = contexts[0]
+
+    def hooked(timestamp: Any) -> Any:
+        set_key(context.get_current_key())
+        return on_timer(timestamp)
+
+    main._on_timer_func = hooked
+    return True
+
+
+def install_operator_factories(one_input: Any, two_input: Any) -> tuple[Any, Any]:
+    """Replace PyFlink's builders of Java Python-function operators
+    (`pyflink.datastream.data_stream._get_one_input_stream_operator` /
+    `_get_two_input_stream_operator`, which every `DataStream`/`KeyedStream`/
+    `WindowedStream`/`ConnectedStreams` call that runs a Python function goes through).
+
+    :param one_input: called as `one_input(original, data_stream, func, func_type,
+        output_type)`.
+    :param two_input: called as `two_input(original, connected_streams, func, func_type,
+        type_info)`.
+    :returns: PyFlink's originals. Installing twice keeps the first originals.
+    """
+    from pyflink.datastream import data_stream
+
+    originals = getattr(data_stream, "_pyflink_ndb_originals", None)
+    if originals is None:
+        originals = (data_stream._get_one_input_stream_operator,
+                     data_stream._get_two_input_stream_operator)
+        data_stream._pyflink_ndb_originals = originals
+    one, two = originals
+
+    def one_input_operator(*args: Any, **kwargs: Any) -> Any:
+        return one_input(one, *args, **kwargs)
+
+    def two_input_operator(*args: Any, **kwargs: Any) -> Any:
+        return two_input(two, *args, **kwargs)
+
+    data_stream._get_one_input_stream_operator = one_input_operator
+    data_stream._get_two_input_stream_operator = two_input_operator
+    return originals
+
+
+def input_type_of(stream: Any) -> Any:
+    """The Java output type of a stream's transformation (its records' type)."""
+    return stream._j_data_stream.getTransformation().getOutputType()
+
+
+def window_namespace_serializer(window_serializer: Any) -> Any:
+    """The Java serializer of a window type, as PyFlink's `_get_one_input_stream_operator`
+    picks it for `EmbeddedPythonWindowOperator`."""
+    from pyflink.datastream.window import (
+        CountWindowSerializer,
+        GlobalWindowSerializer,
+        TimeWindowSerializer,
+    )
+    from pyflink.java_gateway import get_gateway
+
+    jvm = get_gateway().jvm
+    if isinstance(window_serializer, TimeWindowSerializer):
+        return jvm.org.apache.flink.table.runtime.operators.window.TimeWindow.Serializer()
+    if isinstance(window_serializer, CountWindowSerializer):
+        return jvm.org.apache.flink.table.runtime.operators.window.CountWindow.Serializer()
+    if isinstance(window_serializer, GlobalWindowSerializer):
+        return jvm.org.apache.flink.streaming.api.windowing.windows.GlobalWindow.Serializer()
+    return jvm.org.apache.flink.streaming.api.utils.ByteArrayWrapperSerializer()
+
+
+def declares_keyed_state(function: Any) -> bool:
+    """Whether a keyed function can declare keyed state: only in `open(runtime_context)`,
+    the one place a PyFlink function is given its runtime context.
+
+    PyFlink wraps `KeyedStream.map/flat_map/filter/reduce` and keyed `ConnectedStreams.
+    map/flat_map` in `...Adapter` classes (`pyflink/datastream/data_stream.py`) that keep
+    the user's `open` as `_open_func` (None for a plain callable); the reduce adapter always
+    keeps its running value in a `ReducingState`.
+    """
+    from pyflink.datastream.functions import Function
+
+    if type(function).__name__.endswith("Adapter") and hasattr(function, "_open_func"):
+        if hasattr(function, "_reduce_function"):
+            return True
+        user_open = function._open_func
+        owner = getattr(user_open, "__self__", None)
+        return owner is not None and type(owner).open is not Function.open
+    return type(function).open is not Function.open
+
+
+_REDUCE_STATE_PREFIX = "_reduce_state"
+_UUID_LENGTH = 36
+
+
+def stable_state_name(name: str) -> str:
+    """The name under which a state is kept: `name`, except for the running value of
+    `KeyedStream.reduce`, which PyFlink names `"_reduce_state" + str(uuid.uuid4())` anew
+    at every `open()` (`data_stream.py`, `ReduceProcessKeyedProcessFunctionAdapter`), so
+    that a restored attempt would never find it: it is kept as `_reduce_state`."""
+    if name.startswith(_REDUCE_STATE_PREFIX) and len(name) == (
+            len(_REDUCE_STATE_PREFIX) + _UUID_LENGTH):
+        return _REDUCE_STATE_PREFIX
+    return name

@@ -35,6 +35,11 @@ class OptionSpec:
 
 
 OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("enabled", "enabled", False,
+               "Job-wide switch, read on the client when the job is built (after `import "
+               "pyflink_ndb`): every keyed Python operator that can hold keyed state runs "
+               "on tiered state (README, \"Switch a whole job\"). `false`: only operators "
+               "applied with `pyflink_ndb.process` / `co_process`."),
     OptionSpec("url", "url", DEFAULT_URL,
                "Store URL: `mysql://user@host:port/db` (RonDB's MySQL server, MySQL, MariaDB) "
                "or `sqlite:///path` (embedded; a relative path is resolved on the client)."),
@@ -113,6 +118,7 @@ class NdbStateOptions:
     fallback". The password never appears in `repr()` or logs.
     """
 
+    enabled: bool = False
     url: str = DEFAULT_URL
     namespace: str = "default"
     user: str | None = None

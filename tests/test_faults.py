@@ -1,9 +1,14 @@
 """Faults injected by the dozen (issue 8), the quick variant of `make faults`: crashes at
 every step of the protocol and bad records (MiniCluster), the database killed, away for
 10 s and 60 s, locked and deadlocked (through a proxy), TaskManagers killed and frozen
-past the heartbeat timeout, rescale 2→3→1 with a crash (standalone cluster with two
+past the heartbeat timeout, the JobManager killed (ZooKeeper HA: a new JobManager
+recovers the job), rescale 2→3→1 with a crash (standalone cluster with two
 TaskManagers). Every run ends with its committed state compared with the model: 0 lost,
-0 doubled, every fault recovered without operator action. About 4-5 minutes here.
+0 doubled, every fault recovered without operator action. About 5-7 minutes here.
+
+The JobManager kill needs no ZooKeeper installed: scripts/cluster.sh (FLINK_HA=zookeeper)
+runs the ZooKeeper server that the apache-flink wheel bundles (flink-dist, Flink's
+bin/zookeeper.sh); when it cannot start, the cluster run fails and so does this test.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ def test_quick_fault_runs_lose_and_double_nothing(mysql_url: str, tmp_path: Path
     assert len(faults) >= 30, text
     assert {"crash", "bad record", "db", "TaskManager kill -9 (2 TaskManagers)",
             "zombie TaskManager (SIGSTOP past heartbeat timeout, SIGCONT)",
-            "rescale"} <= kinds, text
+            "JobManager kill -9 (ZooKeeper HA)", "rescale"} <= kinds, text
     for kind in ("db: outage 10 s", "db: outage 60 s",
                  "db: server-side KILL of the job's sessions",
                  "db: lock-wait timeout (owner row locked 56 s)"):

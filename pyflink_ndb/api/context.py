@@ -14,6 +14,7 @@ from pyflink.datastream.state import (
     ValueStateDescriptor,
 )
 
+from pyflink_ndb._pyflink import stable_state_name
 from pyflink_ndb.errors import StateCompatibilityError
 from pyflink_ndb.runtime.backend import SubtaskStateBackend
 from pyflink_ndb.state import (
@@ -26,43 +27,75 @@ from pyflink_ndb.state import (
 from pyflink_ndb.state.base import TieredState
 
 
-class TieredRuntimeContext(RuntimeContext):
-    """Delegates to PyFlink's runtime context; `get_*_state` return tiered states.
+#: The tiered state class of each kind of PyFlink descriptor.
+STATE_CLASSES: dict[type, type[TieredState]] = {
+    ValueStateDescriptor: TieredValueState,
+    ListStateDescriptor: TieredListState,
+    MapStateDescriptor: TieredMapState,
+    ReducingStateDescriptor: TieredReducingState,
+    AggregatingStateDescriptor: TieredAggregatingState,
+}
 
-    Asking twice for a state of the same name returns the same object; asking for it as
-    another kind raises :class:`StateCompatibilityError`, as Flink does.
+
+class TieredStates:
+    """The tiered states of one operator instance, by name.
+
+    Asking twice for a state of the same name returns the same object (its namespace reset
+    to none, as Flink's `getPartitionedState` does); asking for it as another kind raises
+    :class:`StateCompatibilityError`, as Flink does.
     """
 
-    def __init__(self, delegate: RuntimeContext, backend: SubtaskStateBackend) -> None:
-        self._delegate = delegate
-        self._backend = backend
+    def __init__(self, backend: SubtaskStateBackend) -> None:
+        self.backend = backend
         self._states: dict[str, TieredState] = {}
 
-    def _state(self, descriptor: Any, cls: type[TieredState]) -> Any:
-        name = descriptor.get_name()
+    def get(self, descriptor: Any) -> Any:
+        """The state of `descriptor` (a PyFlink state descriptor).
+
+        :raises StateCompatibilityError: the name is declared as another kind.
+        :raises TypeError: not one of PyFlink's five keyed-state descriptors.
+        """
+        cls = STATE_CLASSES.get(type(descriptor))
+        if cls is None:
+            cls = next((c for d, c in STATE_CLASSES.items() if isinstance(descriptor, d)),
+                       None)
+        if cls is None:
+            raise TypeError(f"Not a keyed state descriptor: {type(descriptor).__name__}.")
+        name = stable_state_name(descriptor.get_name())
         state = self._states.get(name)
         if state is None:
-            state = cls(self._backend, descriptor)
+            state = cls(self.backend, descriptor)
             self._states[name] = state
         elif not isinstance(state, cls):
             raise StateCompatibilityError(
                 f"State {name!r} is already declared as {state.kind}, not {cls.kind}.")
+        state.set_current_namespace(None)
         return state
 
+
+class TieredRuntimeContext(RuntimeContext):
+    """Delegates to PyFlink's runtime context; `get_*_state` return tiered states
+    (:class:`TieredStates`)."""
+
+    def __init__(self, delegate: RuntimeContext, backend: SubtaskStateBackend) -> None:
+        self._delegate = delegate
+        self._backend = backend
+        self._states = TieredStates(backend)
+
     def get_state(self, state_descriptor: ValueStateDescriptor) -> Any:
-        return self._state(state_descriptor, TieredValueState)
+        return self._states.get(state_descriptor)
 
     def get_list_state(self, state_descriptor: ListStateDescriptor) -> Any:
-        return self._state(state_descriptor, TieredListState)
+        return self._states.get(state_descriptor)
 
     def get_map_state(self, state_descriptor: MapStateDescriptor) -> Any:
-        return self._state(state_descriptor, TieredMapState)
+        return self._states.get(state_descriptor)
 
     def get_reducing_state(self, state_descriptor: ReducingStateDescriptor) -> Any:
-        return self._state(state_descriptor, TieredReducingState)
+        return self._states.get(state_descriptor)
 
     def get_aggregating_state(self, state_descriptor: AggregatingStateDescriptor) -> Any:
-        return self._state(state_descriptor, TieredAggregatingState)
+        return self._states.get(state_descriptor)
 
     def get_task_name(self) -> str:
         return self._delegate.get_task_name()

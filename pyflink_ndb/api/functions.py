@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from pyflink.datastream import KeyedCoProcessFunction, KeyedProcessFunction, RuntimeContext
+from pyflink.datastream.functions import InternalWindowFunction
 
-from pyflink_ndb.api.context import TieredRuntimeContext
-from pyflink_ndb.errors import NdbStateError
+from pyflink_ndb import _pyflink
+from pyflink_ndb.api.context import TieredRuntimeContext, TieredStates
+from pyflink_ndb.errors import ConfigurationError, NdbStateError
 from pyflink_ndb.runtime.bridge import claim_bound_backend
 from pyflink_ndb.runtime.metrics import register as register_metrics
 
@@ -95,3 +97,53 @@ class TieredKeyedCoProcessFunction(_TieredFunction, KeyedCoProcessFunction):
     def process_element2(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
         self._record_key(ctx)
         return self._call(self.function.process_element2, value, ctx)
+
+
+class TieredWindowFunction(_TieredFunction, InternalWindowFunction):
+    """Runs PyFlink's window operator (`fn_execution/datastream/window/window_operator.py`)
+    on tiered state: wraps the descriptor's internal window function, whose `open()` the
+    window operator calls first, before it declares any state.
+
+    `open()` routes the operation's keyed state backend to :class:`TieredStates`, so the
+    window contents (namespace = the window), trigger state, the merging window set,
+    `window_state()` and `global_state()` are tiered; the timers stay in Flink (the Java
+    `NdbWindowOperator`). The current key comes from each record and each timer
+    (:meth:`SubtaskStateBackend.attach_operation`).
+    """
+
+    @staticmethod
+    def wrap_descriptor(descriptor: Any) -> Any:
+        """A copy of PyFlink's `WindowOperationDescriptor` whose internal window function
+        is wrapped."""
+        import copy
+
+        wrapped = copy.copy(descriptor)
+        wrapped.internal_window_function = TieredWindowFunction(
+            descriptor.internal_window_function)
+        return wrapped
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self._backend = claim_bound_backend()
+        self._backend.metrics = register_metrics(runtime_context, self._backend)
+        states = TieredStates(self._backend)
+        if not _pyflink.route_keyed_state(runtime_context, states.get):
+            raise ConfigurationError(
+                "pyflink-ndb could not reach the keyed state of PyFlink's window operation "
+                "(this apache-flink version is not supported: see README, \"Supported "
+                "versions\"). Turn state.backend.ndb.enabled off for this job.")
+        self._backend.timer_keys_from_context = True
+        self.function.open(runtime_context)
+
+    def process(self, key: Any, window: Any, context: Any, input_data: Any) -> Any:
+        try:
+            return list(self._guard(self.function.process(key, window, context, input_data)))
+        except NdbStateError as err:
+            self._log_once(err)
+            raise
+
+    def clear(self, window: Any, context: Any) -> None:
+        try:
+            self.function.clear(window, context)
+        except NdbStateError as err:
+            self._log_once(err)
+            raise

@@ -85,9 +85,24 @@ def _job_options(j_conf: Any, options: NdbStateOptions | Mapping[str, Any] | Non
     return resolved, given
 
 
-def _prepare(stream: Any, function: Any, uid: str | None,
-             options: NdbStateOptions | Mapping[str, Any] | None,
-             check_store: bool) -> tuple[Any, str]:
+def operator_name(function: Any, uid: str | None) -> str:
+    """The name of an operator applied with :func:`process`: its uid, else the function's
+    qualified class name."""
+    return uid or f"{type(function).__module__}.{type(function).__qualname__}"
+
+
+def prepare_bridge(stream: Any, operator: str | None,
+                   options: NdbStateOptions | Mapping[str, Any] | None,
+                   check_store: bool) -> tuple[Any, str]:
+    """Check thread mode, resolve the options, add the bridge jar to the job.
+
+    :param operator: the operator's name in the store; None: the Flink operator ID the
+        subtasks see (stable when the user sets a uid, as Flink's own state mapping).
+    :param check_store: open the store once now (only with a URL on the client and an
+        `operator`) to fail early on a wrong URL or a forbidden fresh start.
+    :returns: (the environment's Java configuration, the options JSON for the bridge).
+    :raises ConfigurationError: process mode, a bad option, the jar missing.
+    """
     j_conf = _pyflink.j_env_configuration(stream)
     mode = j_conf.getString("python.execution-mode", "process")
     if mode != "thread":
@@ -99,8 +114,7 @@ def _prepare(stream: Any, function: Any, uid: str | None,
         # Restarted tasks need the same interpreter (see README, "Thread mode").
         j_conf.setString("python.executable", sys.executable)
     resolved, given = _job_options(j_conf, options)
-    operator = uid or f"{type(function).__module__}.{type(function).__qualname__}"
-    if check_store and PREFIX + "url" in given:
+    if check_store and operator is not None and PREFIX + "url" in given:
         store = open_store(resolved)
         try:
             # Flink 1.20's `flink run -s` sets execution.state-recovery.path; the older
@@ -112,12 +126,22 @@ def _prepare(stream: Any, function: Any, uid: str | None,
     jar = bridge_jar()
     _pyflink.add_jar(stream, jar.as_uri())
     keys = {k: str(v) for k, v in given.items()}
-    keys[OPERATOR_KEY] = operator
+    if operator is not None:
+        keys[OPERATOR_KEY] = operator
     keys[DEFAULT_URL_KEY] = resolved.url
     return j_conf, json.dumps(keys, sort_keys=True)
 
 
-def _output_type_info(output_type: Any) -> Any:
+def bridge_class(name: str) -> Any:
+    """The Java class `name` of the bridge jar (added to the job by :func:`prepare_bridge`)."""
+    from pyflink.java_gateway import get_gateway
+
+    return getattr(get_gateway().jvm, f"{_BRIDGE_PACKAGE}.{name}")
+
+
+def output_type_info(output_type: Any) -> Any:
+    """PyFlink's rule for an operator's output type: None is pickled bytes, a list is a
+    `RowTypeInfo`."""
     from pyflink.common.typeinfo import RowTypeInfo, Types
 
     if output_type is None:
@@ -158,15 +182,15 @@ def process(keyed_stream: KeyedStream, function: KeyedProcessFunction,
         raise TypeError("pyflink_ndb.process needs a KeyedStream: call key_by(...) first.")
     if not isinstance(function, KeyedProcessFunction):
         raise TypeError("pyflink_ndb.process needs a KeyedProcessFunction.")
-    from pyflink.java_gateway import get_gateway
 
-    j_conf, options_json = _prepare(keyed_stream, function, uid, options, check_store)
+    j_conf, options_json = prepare_bridge(keyed_stream, operator_name(function, uid), options,
+                                          check_store)
     types = _pyflink.function_types()
     j_info = _pyflink.python_function_info(TieredKeyedProcessFunction(function),
                                            types.KEYED_PROCESS)
     j_stream = _pyflink.j_data_stream(keyed_stream)
-    j_output = _output_type_info(output_type).get_java_type_info()
-    operator_cls = getattr(get_gateway().jvm, _BRIDGE_PACKAGE + ".NdbKeyedProcessOperator")
+    j_output = output_type_info(output_type).get_java_type_info()
+    operator_cls = bridge_class("NdbKeyedProcessOperator")
     j_operator = operator_cls(j_conf, j_info, j_stream.getTransformation().getOutputType(),
                               j_output, options_json)
     result = DataStream(j_stream.transform(name or "NDB KEYED PROCESS", j_output, j_operator))
@@ -190,16 +214,16 @@ def co_process(connected: ConnectedStreams, function: KeyedCoProcessFunction,
         raise TypeError("pyflink_ndb.co_process needs two connected KeyedStreams.")
     if not isinstance(function, KeyedCoProcessFunction):
         raise TypeError("pyflink_ndb.co_process needs a KeyedCoProcessFunction.")
-    from pyflink.java_gateway import get_gateway
 
-    j_conf, options_json = _prepare(connected.stream1, function, uid, options, check_store)
+    j_conf, options_json = prepare_bridge(connected.stream1, operator_name(function, uid),
+                                          options, check_store)
     types = _pyflink.function_types()
     j_info = _pyflink.python_function_info(TieredKeyedCoProcessFunction(function),
                                            types.KEYED_CO_PROCESS)
     j1 = _pyflink.j_data_stream(connected.stream1)
     j2 = _pyflink.j_data_stream(connected.stream2)
-    j_output = _output_type_info(output_type).get_java_type_info()
-    operator_cls = getattr(get_gateway().jvm, _BRIDGE_PACKAGE + ".NdbKeyedCoProcessOperator")
+    j_output = output_type_info(output_type).get_java_type_info()
+    operator_cls = bridge_class("NdbKeyedCoProcessOperator")
     j_operator = operator_cls(j_conf, j_info, j1.getTransformation().getOutputType(),
                               j2.getTransformation().getOutputType(), j_output, options_json)
     result = DataStream(j1.connect(j2).transform(name or "NDB KEYED CO-PROCESS", j_output,

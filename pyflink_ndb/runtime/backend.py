@@ -33,6 +33,7 @@ from cachetools import LRUCache
 from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.serialization.values import SERIALIZER_NAME, decode_value, value_json
 from pyflink_ndb.stores.base import StateStore, now_ms
@@ -141,6 +142,8 @@ class SubtaskStateBackend:
             self.current_key_group = -1
             #: True once records set the current key themselves (see :meth:`attach_operation`).
             self.keys_from_records = False
+            #: Set by a window operation's wrapper: timers carry their key in their context.
+            self.timer_keys_from_context = False
             #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
             self.metrics: Any = None
             self.protocol.open(restored_tokens(self.store, info))
@@ -228,10 +231,22 @@ class SubtaskStateBackend:
 
     # -- hooks called by the Java bridge --------------------------------------------------
     def attach_operation(self, operation: Any) -> None:
-        """Read each record's key from the record (no call into Java per record)."""
-        from pyflink_ndb._pyflink import hook_record_keys
+        """Read each record's key from the record (no call into Java per record), and with
+        :attr:`timer_keys_from_context` (a window operation) each timer's key from the
+        timer context.
+
+        :raises ConfigurationError: a window operation whose records or timers cannot be
+            hooked (an apache-flink version whose operations have another shape).
+        """
+        from pyflink_ndb._pyflink import hook_record_keys, hook_timer_keys
 
         self.keys_from_records = hook_record_keys(operation, self.set_current_key)
+        if self.timer_keys_from_context and not (
+                self.keys_from_records and hook_timer_keys(operation, self.set_current_key)):
+            raise ConfigurationError(
+                "pyflink-ndb could not hook the records and timers of PyFlink's window "
+                "operation (this apache-flink version is not supported: see README, "
+                "\"Supported versions\"). Turn state.backend.ndb.enabled off for this job.")
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
         """Flink's synchronous phase: freeze the dirty delta as checkpoint `checkpoint_id`

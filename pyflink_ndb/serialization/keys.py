@@ -50,6 +50,35 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+#: PyFlink's window classes (`pyflink.datastream.window`), keys of a merging window set
+#: and namespaces of window state, encoded by value: tag "W" + a tuple of their fields.
+_WINDOW_TYPE_NAMES = frozenset(("TimeWindow", "CountWindow", "GlobalWindow"))
+
+
+def _window_fields(value: Any) -> tuple[Any, ...] | None:
+    from pyflink.datastream.window import CountWindow, GlobalWindow, TimeWindow
+
+    if type(value) is TimeWindow:
+        return ("T", value.start, value.end)
+    if type(value) is CountWindow:
+        return ("C", value.id)
+    if type(value) is GlobalWindow:
+        return ("G",)
+    return None
+
+
+def _window_of(fields: Any) -> Any:
+    from pyflink.datastream.window import CountWindow, GlobalWindow, TimeWindow
+
+    if fields[0] == "T":
+        return TimeWindow(fields[1], fields[2])
+    if fields[0] == "C":
+        return CountWindow(fields[1])
+    if fields[0] == "G":
+        return GlobalWindow()
+    raise SerializationError(f"Corrupt key bytes: unknown window {fields!r}.")
+
+
 def _encode(value: Any, out: bytearray) -> None:
     # bool before int: bool is a subclass of int.
     if value is None:
@@ -90,6 +119,9 @@ def _encode(value: Any, out: bytearray) -> None:
     elif isinstance(value, _SCALAR_PICKLE_TYPES):
         raw = pickle.dumps(value, protocol=4)
         out += b"p" + _varint(len(raw)) + raw
+    elif type(value).__name__ in _WINDOW_TYPE_NAMES and _window_fields(value) is not None:
+        out += b"W"
+        _encode(_window_fields(value), out)
     else:
         raise SerializationError(
             f"Cannot use a value of type {type(value).__name__} as a state key: supported are "
@@ -174,6 +206,9 @@ def _decode(data: bytes, pos: int) -> tuple[Any, int]:
         if tag == b"l":
             return items, pos
         return frozenset(items), pos
+    if tag == b"W":
+        fields, pos = _decode(data, pos)
+        return _window_of(fields), pos
     if tag == b"r":
         from pyflink.common import Row, RowKind
 
@@ -216,3 +251,42 @@ def key_json(ukey: bytes) -> str | None:
         return value_json(decode_key(prefix))
     except (SerializationError, IndexError, ValueError):
         return None
+
+
+#: First byte of an encoded namespace inside a ukey. No encoded key starts with it, so the
+#: ukey `Flink key + namespace + suffix` of a namespaced entry never equals, and is told
+#: apart from, the ukey `Flink key + suffix` of the same state without a namespace.
+NAMESPACE_TAG = b"w"
+
+
+def encode_namespace(namespace: Any) -> bytes:
+    """Bytes of a state namespace, as they follow the Flink key in a ukey.
+
+    Flink's own backends key window state by (key, namespace = window); so do we. PyFlink's
+    windows (`pyflink.datastream.window`) are encoded by value: `TimeWindow(start, end)`,
+    `CountWindow(id)`, `GlobalWindow()`.
+
+    :param namespace: None (no namespace: Flink's `VoidNamespace`, what every state outside
+        a window operator has) or a window.
+    :returns: b"" for None, else :data:`NAMESPACE_TAG` + an encoded key.
+    :raises SerializationError: another type (a custom `Window` class), which has no stable
+        encoding here.
+    """
+    if namespace is None:
+        return b""
+    if _window_fields(namespace) is None:
+        raise SerializationError(
+            f"Cannot use a namespace of type {type(namespace).__name__} in tiered state: "
+            "supported are PyFlink's TimeWindow, CountWindow and GlobalWindow. Use one of "
+            "PyFlink's window assigners, or keep this operator on Flink's own state.")
+    return NAMESPACE_TAG + encode_key(namespace)
+
+
+def entry_prefix(ukey: bytes) -> bytes:
+    """The part of a map or list entry's ukey that one map or list shares: the encoded
+    Flink key, followed by the encoded namespace when there is one."""
+    key, rest = split_key(ukey)
+    if rest[:1] != NAMESPACE_TAG:
+        return key
+    _, pos = _decode(rest, 1)
+    return key + rest[:pos + 1]

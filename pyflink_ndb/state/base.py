@@ -1,4 +1,9 @@
-"""What every tiered state shares: registration, the current key, TTL.
+"""What every tiered state shares: registration, the current key and namespace, TTL.
+
+Namespaces follow Flink's `InternalKvState`: a state's entries are keyed by (current key,
+current namespace); the namespace is None (Flink's `VoidNamespace`) unless a window
+operator sets a window with `set_current_namespace` (window contents, trigger state and
+`ProcessWindowFunction.window_state()`, as Flink's own backends key window state).
 
 TTL follows `StateTtlConfig` with processing time: a write sets `expiry = now + ttl`;
 with `UpdateType.OnReadAndWrite` a read that finds a live value prolongs it. An expired
@@ -11,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pyflink_ndb._pyflink import ttl_config_of
+from pyflink_ndb._pyflink import stable_state_name, ttl_config_of
+from pyflink_ndb.serialization.keys import encode_namespace
 from pyflink_ndb.tiers.table import Entry
 
 if TYPE_CHECKING:
@@ -34,7 +40,11 @@ class TtlPolicy:
 
 
 class TieredState:
-    """Base of the tiered states: one registered state of one subtask."""
+    """Base of the tiered states: one registered state of one subtask.
+
+    It is also PyFlink's `InternalKvState` (the interface its window operator uses):
+    :meth:`set_current_namespace`.
+    """
 
     kind = "state"
     prefix_keyed = False
@@ -43,11 +53,29 @@ class TieredState:
         self._backend = backend
         self._table = backend.table
         self._clock = backend.clock_ms
-        self.name = descriptor.get_name()
+        self.name = stable_state_name(descriptor.get_name())
         self._ttl = TtlPolicy(descriptor)
         self._state_id = backend.register_state(
             self.name, self.kind, self._ttl.ttl_ms, prefix_keyed=self.prefix_keyed,
             json_of=self._json_of())
+        self._namespace = b""
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        """Make `namespace` (a window, or None for none) current for this state's reads and
+        writes, as Flink's `InternalKvState.setCurrentNamespace`.
+
+        :raises SerializationError: a namespace type without a stable encoding
+            (:func:`~pyflink_ndb.serialization.keys.encode_namespace`).
+        """
+        self._namespace = encode_namespace(namespace)
+
+    def _key(self) -> tuple[bytes, int]:
+        """(ukey prefix of the current key and namespace, key group).
+
+        :raises RuntimeError: no current key (outside a record or timer).
+        """
+        key_bytes, key_group = self._backend.require_key()
+        return key_bytes + self._namespace, key_group
 
     def _json_of(self) -> Any:
         return None

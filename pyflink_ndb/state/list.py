@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyflink.datastream.state import ListState
+from pyflink.fn_execution.internal_state import InternalListState
 
 from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.serialization.values import decode_value, encode_value, value_json
@@ -23,7 +23,7 @@ from pyflink_ndb.state.base import TieredState
 MAX_SEGMENTS = 32
 
 
-class TieredListState(TieredState, ListState):
+class TieredListState(TieredState, InternalListState):
     """A `ListState`.
 
     * `get()` returns a list: `[]` when the state is empty or cleared (never None);
@@ -123,7 +123,7 @@ class TieredListState(TieredState, ListState):
 
     # -- API ------------------------------------------------------------------------------
     def get(self) -> list[Any]:
-        key_bytes, key_group = self._backend.require_key()
+        key_bytes, key_group = self._key()
         segments, _ = self._head(key_bytes, key_group)
         if segments == 0:
             return []
@@ -146,7 +146,7 @@ class TieredListState(TieredState, ListState):
         self._check(values)
         if not values:
             return
-        key_bytes, key_group = self._backend.require_key()
+        key_bytes, key_group = self._key()
         segments, token = self._head(key_bytes, key_group)
         items = self._wrap(values)
         if segments and token == self._table.epoch_token:
@@ -168,9 +168,22 @@ class TieredListState(TieredState, ListState):
     def update(self, values: list[Any] | None) -> None:
         values = [] if values is None else list(values)
         self._check(values)
-        key_bytes, key_group = self._backend.require_key()
+        key_bytes, key_group = self._key()
         segments, _ = self._head(key_bytes, key_group)
         self._rewrite(key_bytes, key_group, segments, self._wrap(values))
 
     def clear(self) -> None:
         self.update([])
+
+    def merge_namespaces(self, target: Any, sources: Any) -> None:
+        """Append the lists of the `sources` namespaces to that of `target` and clear
+        them (Flink's `InternalMergingState.mergeNamespaces`, used by merging windows);
+        leaves `target` current."""
+        merged: list[Any] = []
+        for source in sources:
+            self.set_current_namespace(source)
+            merged.extend(self.get())
+            self.clear()
+        self.set_current_namespace(target)
+        if merged:
+            self.add_all(merged)

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pyflink.datastream.state import MapState
+from pyflink.fn_execution.internal_state import InternalMapState
 
-from pyflink_ndb.serialization.keys import decode_key, encode_map_key
+from pyflink_ndb.serialization.keys import NAMESPACE_TAG, decode_key, encode_map_key
 from pyflink_ndb.serialization.values import decode_value, encode_value, value_json
 from pyflink_ndb.state.base import TieredState
 
 
-class TieredMapState(TieredState, MapState):
+class TieredMapState(TieredState, InternalMapState):
     """A `MapState`.
 
     * `get(k)` is None both for an absent key and for a key whose value is None;
@@ -39,7 +39,7 @@ class TieredMapState(TieredState, MapState):
 
     def _ukey(self, map_key: Any) -> tuple[bytes, int]:
         user = encode_map_key(map_key)
-        key_bytes, key_group = self._backend.require_key()
+        key_bytes, key_group = self._key()
         return key_bytes + user, key_group
 
     def get(self, key: Any) -> Any:
@@ -65,9 +65,13 @@ class TieredMapState(TieredState, MapState):
         return self._read(ukey, key_group) is not None
 
     def _entries(self) -> Iterator[tuple[bytes, bytes]]:
-        key_bytes, key_group = self._backend.require_key()
+        key_bytes, key_group = self._key()
         prefix_len = len(key_bytes)
+        # Without a namespace the prefix also matches the same key's namespaced entries.
+        skip_namespaced = not self._namespace
         for ukey, entry in self._table.scan_prefix(self._state_id, key_group, key_bytes):
+            if skip_namespaced and ukey[prefix_len:prefix_len + 1] == NAMESPACE_TAG:
+                continue
             if self._live(entry):
                 assert entry.value is not None
                 yield ukey[prefix_len:], entry.value
@@ -88,7 +92,7 @@ class TieredMapState(TieredState, MapState):
         return next(self._entries(), None) is None
 
     def clear(self) -> None:
-        key_bytes, key_group = self._backend.require_key()
+        key_bytes, key_group = self._key()
         for user, _ in self._entries():
             self._write(key_bytes + user, key_group, None)
 

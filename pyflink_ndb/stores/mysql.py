@@ -423,17 +423,46 @@ class MysqlStateStore(StateStore):
         return None
 
 
+#: Characters of a key's JSON (`kjson`) that the indexed `kjson_key` column holds (768
+#: utf8mb4 characters: InnoDB's largest index key, 3,072 bytes); a key whose JSON is
+#: longer has NULL there, and in the views' `kjson` (their `key_text` and `ukey` name it).
+KJSON_KEY_CHARS = 768
+#: The `kjson_key` column of the state table (InnoDB): `kjson` where it has at most
+#: :data:`KJSON_KEY_CHARS` characters, else NULL. VIRTUAL: nothing more is stored in the
+#: row, only the index `ix_kjson` holds the values; adding it to an existing table is
+#: in place and instant. NDB indexes no virtual column (and no JSON column, nor a prefix):
+#: NDB tables do not get it, their `kjson` lookups read the table (README, "SQL views").
+KJSON_KEY_COLUMN = (
+    f"kjson_key VARCHAR({KJSON_KEY_CHARS}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    f"GENERATED ALWAYS AS (IF(CHAR_LENGTH(kjson) <= {KJSON_KEY_CHARS}, kjson, NULL)) VIRTUAL")
+
+
+def kjson_index_ddl(tables: StateStore) -> list[str]:
+    """The statements that give an InnoDB state table created before `kjson_key` existed
+    the column and its index, both online (`ALGORITHM=INPLACE, LOCK=NONE`: the running
+    job goes on writing; MariaDB adds a virtual column only in a statement of its own).
+    Run by `pyflink-ndb views create` (:func:`pyflink_ndb.stores.views.ensure_kjson_index`)
+    where the column is missing; new tables have it from :func:`mysql_ddl`."""
+    return [f"ALTER TABLE {tables.t_state} ADD COLUMN {KJSON_KEY_COLUMN}, "
+            "ALGORITHM=INPLACE, LOCK=NONE",
+            f"ALTER TABLE {tables.t_state} ADD KEY ix_kjson (kjson_key), "
+            "ALGORITHM=INPLACE, LOCK=NONE"]
+
+
 def mysql_ddl(tables: StateStore, ndb: bool) -> list[str]:
     """The CREATE TABLE statements of a namespace (row format 2).
 
     With `ndb`: `ENGINE=NDBCLUSTER` and `PARTITION BY KEY (key_group)` for the state table
     (rows of one key group share a partition: a subtask's reads and cleanup prune to its
     partitions), InnoDB otherwise. Values are LONGBLOB (NDB stores BLOB parts outside the
-    ~30 KB row), JSON documents of the protocol are ASCII TEXT.
+    ~30 KB row), JSON documents of the protocol are ASCII TEXT. An InnoDB state table also
+    has the virtual column `kjson_key` and its index `ix_kjson`, for SQL lookups by key
+    (:data:`KJSON_KEY_COLUMN`; the package itself never reads or writes it).
     """
     engine = "ENGINE=NDBCLUSTER" if ndb else "ENGINE=InnoDB"
     partition = " PARTITION BY KEY (key_group)" if ndb else ""
     text = "TEXT CHARACTER SET ascii"
+    kjson_key = "" if ndb else f", {KJSON_KEY_COLUMN}, KEY ix_kjson (kjson_key)"
     return [
         f"CREATE TABLE IF NOT EXISTS {tables.t_state} ("
         "key_group SMALLINT NOT NULL, state_id INT NOT NULL, "
@@ -442,7 +471,7 @@ def mysql_ddl(tables: StateStore, ndb: bool) -> list[str]:
         "fmt TINYINT NOT NULL, vbytes LONGBLOB NULL, vjson JSON NULL, kjson JSON NULL, "
         "PRIMARY KEY (key_group, state_id, ukey, version, chunk), "
         "KEY ix_cleanup (state_id, version, key_group), KEY ix_expiry (expires_at_ms)"
-        f") {engine} DEFAULT CHARSET=utf8mb4{partition}",
+        f"{kjson_key}) {engine} DEFAULT CHARSET=utf8mb4{partition}",
         f"CREATE TABLE IF NOT EXISTS {tables.t_branches} ("
         "branch_id BIGINT NOT NULL PRIMARY KEY, operator VARCHAR(255) NOT NULL, "
         f"kg_start SMALLINT NOT NULL, kg_end SMALLINT NOT NULL, lineage {text} NOT NULL, "

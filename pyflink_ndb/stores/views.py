@@ -35,15 +35,32 @@ bool, None) and str, int (up to 7 bytes), bool or None map keys, else NULL (`uke
 the encoded bytes); a list's `vjson` is NULL when one of its segments has none or when the
 concatenation exceeds `group_concat_max_len` (1 MiB by default on MariaDB, 1,024 bytes on
 MySQL and RonDB: raise it for the session or globally); list elements expire per segment
-(the segment's latest element) in the view, per element in `pyflink-ndb scan`.
+(the segment's latest element) in the view, per element in `pyflink-ndb scan`; `kjson`
+is NULL for a key whose JSON is longer than 768 characters where the state table has the
+`kjson_key` index (below).
+
+Point reads (README, "SQL views"; measured by bench part `reads`): none of the views has
+a UNION, GROUP BY or DISTINCT, so the server merges them into the reading statement and
+a condition on `key_group` and `ukey`, or on `kjson`, reaches an index of the state table
+(the primary key; `ix_kjson` on the virtual column `kjson_key`, which InnoDB state tables
+have, see :func:`pyflink_ndb.stores.mysql.mysql_ddl` and :func:`ensure_kjson_index`).
+What such a read costs is the server parsing and optimizing the views' text (JSON_TABLE,
+the newest-version subquery, the list subqueries) in every statement, about 10× a plain
+primary-key read; :func:`point_read_query` is that plain read, with the version ranges
+read once and checked in the statement.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+
+import pymysql
 
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.stores.base import StateStore
+
+_log = logging.getLogger(__name__)
 
 #: 2**32: `version = branch << 32 | epoch`.
 _EPOCH_SPAN = 1 << 32
@@ -98,52 +115,64 @@ def _scalar_length(u: str) -> str:
     composite key), after pyflink_ndb.serialization.keys: tags N/T/F (1 byte), f (9), and
     s/b/a/i/p with a varint length (< 16,384: at most 2 bytes, as keys are <= 2,048)."""
     b1, b2 = _byte(u, "2"), _byte(u, "3")
-    return (f"(CASE {_byte(u, '1')} WHEN 78 THEN 1 WHEN 84 THEN 1 WHEN 70 THEN 1 "
-            "WHEN 102 THEN 9 WHEN 115 THEN {v} WHEN 98 THEN {v} WHEN 97 THEN {v} "
-            "WHEN 105 THEN {v} WHEN 112 THEN {v} ELSE NULL END)").format(
-        v=f"IF({b1} < 128, 2 + {b1}, 3 + ({b1} - 128) + 128 * {b2})")
+    return (f"(CASE WHEN ASCII({u}) IN (78, 84, 70) THEN 1 WHEN ASCII({u}) = 102 THEN 9 "
+            f"WHEN ASCII({u}) IN (115, 98, 97, 105, 112) THEN "
+            f"IF({b1} < 128, 2 + {b1}, 3 + ({b1} - 128) + 128 * {b2}) END)")
 
 
 def _map_key_json(m: str) -> str:
     """SQL: JSON text of the encoded map key `m` (the rest of the ukey) for str, int (up
-    to 7 bytes), bool and None; NULL otherwise."""
-    skip = f"IF({_byte(m, '2')} < 128, 2, 3)"
-    raw = f"SUBSTRING({m}, 1 + {skip})"
+    to 7 bytes), bool and None; NULL otherwise. `m` should be a column: it is repeated."""
+    raw = f"SUBSTRING({m}, IF({_byte(m, '2')} < 128, 3, 4))"
     integer = (f"IF(LENGTH({raw}) BETWEEN 1 AND 7, CAST(CAST(CONV(HEX({raw}), 16, 10) AS "
                f"SIGNED) - IF(ASCII({raw}) >= 128, CAST(1 << (8 * LENGTH({raw})) AS SIGNED), "
                "0) AS CHAR), NULL)")
-    return (f"(CASE {_byte(m, '1')} WHEN 78 THEN 'null' WHEN 84 THEN 'true' "
+    return (f"(CASE ASCII({m}) WHEN 78 THEN 'null' WHEN 84 THEN 'true' "
             f"WHEN 70 THEN 'false' WHEN 115 THEN JSON_QUOTE(CONVERT({raw} USING utf8mb4)) "
-            f"WHEN 105 THEN {integer} ELSE NULL END)")
+            f"WHEN 105 THEN {integer} END)")
 
 
-def views_sql(store: StateStore) -> list[str]:
+def views_sql(store: StateStore, indexed: bool | None = None) -> list[str]:
     """The `CREATE OR REPLACE VIEW` statements of the store's namespace, in creation order.
 
     Identifiers come only from the validated namespace; the statements take no
     parameters.
+
+    :param indexed: the state table has the indexed `kjson_key` column (see
+        :func:`pyflink_ndb.stores.mysql.kjson_index_ddl`): the view's `kjson` comes from
+        it where the key's JSON fits (at most :data:`~pyflink_ndb.stores.mysql.KJSON_KEY_CHARS`
+        characters), so that `WHERE kjson = ...` is an index lookup. None: ask the store.
     """
+    if indexed is None:
+        indexed = has_kjson_index(store)
     committed, rows, ranges = view_names(store.namespace)
     o, b, s, c = store.t_operators, store.t_branches, store.t_state, store.t_catalog
     part = ("JSON_TABLE(o.committed, '$[*]' COLUMNS (kg_start INT PATH '$[0]', "
             "kg_end INT PATH '$[1]', branch BIGINT PATH '$[2]', epoch BIGINT PATH '$[3]')) p")
+    # The committed snapshot's own range of each segment is appended to its branch's
+    # lineage, so that one JSON_TABLE yields every range and the view has no UNION: the
+    # server merges it into the statements that use it instead of materializing it.
+    own = (f"JSON_ARRAY(p.kg_start, p.kg_end, JSON_ARRAY(JSON_ARRAY(p.branch * {_EPOCH_SPAN}, "
+           f"p.branch * {_EPOCH_SPAN} + p.epoch)))")
     ranges_sql = (
         f"CREATE OR REPLACE VIEW {ranges} AS "
         f"SELECT o.operator, GREATEST(p.kg_start, l.kg_start) AS kg_start, "
-        "LEAST(p.kg_end, l.kg_end) AS kg_end, l.lo, l.hi, p.epoch AS checkpoint "
-        f"FROM {o} o, {part}, {b} br, JSON_TABLE(br.lineage, '$[*]' COLUMNS ("
-        "kg_start INT PATH '$[0]', kg_end INT PATH '$[1]', NESTED PATH '$[2][*]' COLUMNS ("
-        "lo BIGINT PATH '$[0]', hi BIGINT PATH '$[1]'))) l "
+        "LEAST(p.kg_end, l.kg_end) AS kg_end, l.lo, l.hi, p.epoch AS checkpoint, "
+        f"o.committed FROM {o} o, {part}, {b} br, "
+        f"JSON_TABLE(JSON_ARRAY_APPEND(br.lineage, '$', {own}), '$[*]' COLUMNS ("
+        "kg_start INT PATH '$[0]', kg_end INT PATH '$[1]', "
+        "NESTED PATH '$[2][*]' COLUMNS (lo BIGINT PATH '$[0]', hi BIGINT PATH '$[1]'))) l "
         "WHERE br.branch_id = p.branch AND l.kg_start <= p.kg_end AND "
-        "l.kg_end >= p.kg_start AND l.lo IS NOT NULL "
-        f"UNION ALL SELECT o.operator, p.kg_start, p.kg_end, p.branch * {_EPOCH_SPAN}, "
-        f"p.branch * {_EPOCH_SPAN} + p.epoch, p.epoch FROM {o} o, {part}")
+        "l.kg_end >= p.kg_start AND l.lo IS NOT NULL")
     now_ms = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+    key = "s.kjson_key" if indexed else "NULL"
     rows_sql = (
         f"CREATE OR REPLACE VIEW {rows} AS "
         "SELECT c.operator, c.state_name AS state, c.state_kind AS kind, s.key_group, "
         "s.state_id, s.ukey, s.version, r.checkpoint, s.kjson, s.vjson, s.chunks, "
-        f"s.expires_at_ms FROM {s} s JOIN {c} c ON c.state_id = s.state_id "
+        f"s.expires_at_ms, {key} AS kjson_key, "
+        f"SUBSTRING(s.ukey, {_scalar_length('s.ukey')} + 1) AS ktail "
+        f"FROM {s} s JOIN {c} c ON c.state_id = s.state_id "
         f"JOIN {ranges} r ON r.operator = c.operator AND s.key_group BETWEEN r.kg_start "
         "AND r.kg_end AND s.version BETWEEN r.lo AND r.hi "
         "WHERE s.chunk = 0 AND s.tombstone = 0 AND (s.expires_at_ms IS NULL OR "
@@ -152,34 +181,139 @@ def views_sql(store: StateStore) -> list[str]:
         "t.version BETWEEN q.lo AND q.hi WHERE t.key_group = s.key_group AND "
         "t.state_id = s.state_id AND t.ukey = s.ukey AND t.chunk = 0 AND "
         "t.version > s.version)")
-    klen = _scalar_length("v.ukey")
-    mkey = _map_key_json(f"SUBSTRING(v.ukey, {klen} + 1)")
+    mkey = _map_key_json("v.ktail")
     inner = "SUBSTRING(CAST(g.vjson AS CHAR), 2, CHAR_LENGTH(CAST(g.vjson AS CHAR)) - 2)"
     concat = f"GROUP_CONCAT({inner} ORDER BY g.ukey SEPARATOR ',')"
-    segments = (f"FROM {rows} g WHERE g.key_group = h.key_group AND g.state_id = h.state_id "
-                "AND g.ukey BETWEEN CONCAT(h.ukey, X'690100') AND CONCAT(h.ukey, X'6901FF') "
-                "AND LENGTH(g.ukey) = LENGTH(h.ukey) + 3")
+    # A list is its head row (no JSON) and its segment rows (ukey = head + `i 01 n`).
+    segments = (f"FROM {rows} g WHERE g.key_group = v.key_group AND g.state_id = v.state_id "
+                "AND g.ukey BETWEEN CONCAT(v.ukey, X'690100') AND CONCAT(v.ukey, X'6901FF') "
+                "AND LENGTH(g.ukey) = LENGTH(v.ukey) + 3")
     list_json = (f"(SELECT IF(COUNT(*) = COUNT(g.vjson) AND LENGTH({concat}) = "
                  f"SUM(LENGTH({inner})) + COUNT(*) - 1, CONCAT('[', {concat}, ']'), NULL) "
                  f"{segments})")
     columns = ("operator, state, kind, key_group, kjson, key_text, mkey, vjson, checkpoint, "
                "version, expires_at_ms, chunks, ukey")
+    # One SELECT, no UNION, GROUP BY or DISTINCT: the server merges the view into the
+    # statement that reads it (no temporary table), and conditions on its columns reach
+    # the state table's indexes. `kjson` is the indexed `kjson_key` where the state table
+    # has it (NULL for a key whose JSON is longer than KJSON_KEY_CHARS; `key_text` and
+    # `ukey` still name it). A list shows only when one of its segments is visible and live.
+    kjson = "v.kjson_key" if indexed else "v.kjson"
     committed_sql = (
         f"CREATE OR REPLACE VIEW {committed} ({columns}) AS "
-        "SELECT v.operator, v.state, v.kind, v.key_group, v.kjson, JSON_UNQUOTE(v.kjson), "
-        f"CASE WHEN v.kind = 'map' THEN {mkey} END, v.vjson, v.checkpoint, v.version, "
-        f"v.expires_at_ms, v.chunks, v.ukey FROM {rows} v WHERE v.kind <> 'list' "
-        "UNION ALL SELECT x.operator, x.state, x.kind, x.key_group, x.kjson, "
-        "JSON_UNQUOTE(x.kjson), NULL, x.vjson, x.checkpoint, x.version, x.expires_at_ms, "
-        "x.chunks, x.ukey FROM (SELECT h.operator, h.state, h.kind, h.key_group, h.kjson, "
-        f"{list_json} AS vjson, (SELECT COUNT(*) {segments}) AS segments, h.checkpoint, "
-        f"h.version, h.expires_at_ms, h.chunks, h.ukey FROM {rows} h WHERE h.kind = 'list' "
-        "AND h.vjson IS NULL) x WHERE x.segments > 0")
+        f"SELECT v.operator, v.state, v.kind, v.key_group, {kjson}, JSON_UNQUOTE(v.kjson), "
+        f"CASE WHEN v.kind = 'map' THEN {mkey} END, "
+        f"CASE WHEN v.kind = 'list' THEN {list_json} ELSE v.vjson END, v.checkpoint, "
+        f"v.version, v.expires_at_ms, v.chunks, v.ukey FROM {rows} v WHERE v.kind <> 'list' "
+        f"OR (v.vjson IS NULL AND EXISTS (SELECT 1 {segments}))")
     return [ranges_sql, rows_sql, committed_sql]
+
+
+# -- the documented point reads (README, "SQL views"; bench part `reads`) ---------------
+# Placeholders in pymysql's style (%s). `ukey` is the encoded key (a map entry's: the key's
+# and the map key's), `key_group` Flink's key group of the key: both are columns of the
+# views; `kjson` is the key as JSON, as pyflink-ndb writes it (compact, UTF-8).
+
+def ranges_query(namespace: str) -> str:
+    """The version ranges readers see, per key-group segment, and the `committed`
+    descriptor they belong to. Parameters: operator."""
+    return (f"SELECT kg_start, kg_end, lo, hi, checkpoint, committed FROM "
+            f"{view_names(namespace)[2]} WHERE operator = %s")
+
+
+def point_read_query(namespace: str, ranges: int) -> str:
+    """The newest committed version of one entry by primary key, with the version ranges
+    of its key group read once (:func:`ranges_query`; a key group's ranges are those of
+    the segment with `kg_start <= key_group <= kg_end`, `ranges` of them). Returns
+    `current` (0: the committed checkpoint moved since the ranges were read: read them
+    again), `version`, `tombstone` (1: deleted), `vjson`, `chunks`, `expires_at_ms` (the
+    TTL); no row: the entry has no version in those ranges (if they may be old, read them
+    again to be sure). Parameters: operator, committed (as :func:`ranges_query` returned
+    it), key_group, state_id, ukey, then `lo, hi` of each range."""
+    visible = " OR ".join("s.version BETWEEN %s AND %s" for _ in range(ranges))
+    return (f"SELECT (SELECT o.committed FROM {namespace}_operators o WHERE o.operator = %s) "
+            "= %s AS current, s.version, s.tombstone, s.vjson, s.chunks, s.expires_at_ms "
+            f"FROM {namespace}_state s FORCE INDEX (PRIMARY) WHERE s.key_group = %s AND "
+            f"s.state_id = %s AND s.ukey = %s AND s.chunk = 0 AND ({visible}) "
+            "ORDER BY s.version DESC LIMIT 1")
+
+
+def ranges_point_read_query(namespace: str) -> str:
+    """The newest committed version of one entry by primary key, the ranges joined from
+    `<ns>_committed_ranges` (always current; slower). Returns version, tombstone, vjson,
+    chunks, expires_at_ms (no row: no committed version). Parameters: operator,
+    key_group, state_id, ukey."""
+    return (f"SELECT s.version, s.tombstone, s.vjson, s.chunks, s.expires_at_ms FROM "
+            f"{namespace}_state s JOIN {view_names(namespace)[2]} r ON r.operator = %s AND "
+            "s.key_group BETWEEN r.kg_start AND r.kg_end AND s.version BETWEEN r.lo AND "
+            "r.hi WHERE s.key_group = %s AND s.state_id = %s AND s.ukey = %s AND "
+            "s.chunk = 0 ORDER BY s.version DESC LIMIT 1")
+
+
+def view_point_read_query(namespace: str) -> str:
+    """One entry through `<ns>_committed` by primary key. Parameters: operator, state,
+    key_group, ukey."""
+    return (f"SELECT kind, mkey, vjson, checkpoint FROM {view_names(namespace)[0]} WHERE "
+            "operator = %s AND state = %s AND key_group = %s AND ukey = %s")
+
+
+def view_key_query(namespace: str) -> str:
+    """Every state of one key through `<ns>_committed`, by the key's JSON (indexed where
+    the state table has `kjson_key`). Parameters: operator, kjson."""
+    return (f"SELECT state, mkey, vjson, kind, checkpoint FROM {view_names(namespace)[0]} "
+            "WHERE operator = %s AND kjson = %s")
+
+
+def has_kjson_index(store: StateStore) -> bool:
+    """True when the namespace's state table has the indexed `kjson_key` column."""
+    rows = store._read("inspect columns", "SELECT COUNT(*) FROM information_schema.COLUMNS "
+                       "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND "
+                       "COLUMN_NAME = 'kjson_key'", (store.t_state,))
+    return bool(rows and int(rows[0][0]))
+
+
+def ensure_kjson_index(store: StateStore) -> bool:
+    """Give an InnoDB state table made before `kjson_key` existed the column and its index
+    (:func:`pyflink_ndb.stores.mysql.kjson_index_ddl`: online, the job may run); nothing
+    when they exist. An NDB table is left as it is (NDB indexes no virtual column; a
+    stored one is a copying ALTER, unsafe while a job writes): its `kjson` lookups read
+    the table. Returns whether the column is there now.
+
+    :raises StoreUnavailableError: the database cannot be reached.
+    """
+    from pyflink_ndb.stores.mysql import kjson_index_ddl
+
+    if has_kjson_index(store):
+        return True
+    engine = store._read("inspect engine", "SELECT ENGINE FROM information_schema.TABLES "
+                         "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+                         (store.t_state,))
+    if not engine or str(engine[0][0]).lower() != "innodb":
+        return False
+    for statement in kjson_index_ddl(store):
+        def unit(statement: str = statement) -> None:
+            try:
+                store._execute(statement)
+            except pymysql.err.MySQLError as err:
+                # 1060/1061: a concurrent `views create` added it first.
+                if not err.args or err.args[0] not in (1060, 1061):
+                    raise
+        try:
+            store._retry("add the kjson index", unit)
+        except pymysql.err.MySQLError as err:  # e.g. 1142: no ALTER/INDEX privilege
+            _log.warning(
+                "Could not add the kjson index to %s (%s): lookups by kjson in the views "
+                "read the whole table. Run as a user with ALTER, CREATE and INSERT on it: %s",
+                store.t_state, err, "; ".join(kjson_index_ddl(store)))
+            return False
+    return True
 
 
 def create_views(store: StateStore) -> list[str]:
     """Create (or replace) the namespace's views; returns their names.
+
+    On an InnoDB state table without the indexed `kjson_key` column (made by an earlier
+    release), it is added first (:func:`ensure_kjson_index`), online.
 
     Run it again after an upgrade of pyflink-ndb (it replaces them). On RonDB, views
     are objects of the MySQL server they are created on: create them on each MySQL
@@ -191,7 +325,7 @@ def create_views(store: StateStore) -> list[str]:
     :raises StoreUnavailableError: the database cannot be reached or refused the DDL.
     """
     check_server(store)
-    statements = views_sql(store)
+    statements = views_sql(store, ensure_kjson_index(store))
 
     def unit() -> None:
         for statement in statements:

@@ -27,7 +27,7 @@ from typing import Any
 from cachetools import LRUCache
 
 from pyflink_ndb.errors import ValueTooLargeError
-from pyflink_ndb.serialization.keys import key_json, split_key
+from pyflink_ndb.serialization.keys import entry_prefix, key_json
 from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, StoredVersion, WriteRow
 from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
@@ -85,9 +85,10 @@ class TieredTable:
     :param local: tier 2, or None when `local.enabled` is false.
     :param value_max_bytes: `value.max-bytes` (None: no limit).
 
-    `prefix_states` holds the state ids whose ukeys are `encoded Flink key + suffix` (map
-    and list states); their cached entries are indexed by Flink key so that a prefix scan
-    need not walk the whole cache.
+    `prefix_states` holds the state ids whose ukeys are `encoded Flink key [+ namespace] +
+    suffix` (map and list states); their cached entries are indexed by that prefix
+    (:func:`~pyflink_ndb.serialization.keys.entry_prefix`) so that a prefix scan need not
+    walk the whole cache.
     """
 
     def __init__(self, store: StateStore, cache_max_entries: int,
@@ -133,12 +134,12 @@ class TieredTable:
     # -- tier 1 bookkeeping ---------------------------------------------------------------
     def _index_add(self, eid: EntryId) -> None:
         if eid[0] in self.prefix_states:
-            prefix, _ = split_key(eid[1])
+            prefix = entry_prefix(eid[1])
             self._index.setdefault((eid[0], prefix), set()).add(eid[1])
 
     def _index_drop(self, eid: EntryId) -> None:
         if eid[0] in self.prefix_states:
-            prefix, _ = split_key(eid[1])
+            prefix = entry_prefix(eid[1])
             members = self._index.get((eid[0], prefix))
             if members is not None:
                 members.discard(eid[1])

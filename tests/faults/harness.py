@@ -75,15 +75,32 @@ class Fault:
 
     def restarted(self) -> bool:
         """For a fault that restarts the tasks: has a later attempt opened? (sets
-        `not_before_s` to when it did). Always True for other faults."""
+        `not_before_s` to when it did; see :func:`new_attempt`). Always True for other
+        faults."""
         if self.failed_attempt is None or self.events is None:
             return True
         if not self.not_before_s:
             opened = [e["t"] for e in read_events(self.events) if e["event"] == "open"
-                      and e["attempt"] > self.failed_attempt and e["t"] >= self.injected_s]
+                      and new_attempt(e, self.failed_attempt, self.injected_s)]
             if opened:
                 self.not_before_s = min(opened)
         return bool(self.not_before_s)
+
+
+#: Subtasks of one attempt open within this many seconds of each other.
+STRAGGLE_S = 5.0
+
+
+def new_attempt(event: dict[str, Any], attempt: int, after_s: float) -> bool:
+    """Is `event` (an `open` or `first_record`) of an attempt that started after the fault
+    at `after_s`, which failed attempt `attempt` (-1: none)? Flink numbers the attempts of
+    a job from 0 each time a JobManager (re)creates it (after a failover of the JobManager,
+    also after one that lost its ZooKeeper leadership and regained it), so a number other
+    than `attempt` is a new attempt, and the same number is one too once it is
+    `STRAGGLE_S` after the fault (before that it may be a sibling subtask of the failed
+    attempt that opened late)."""
+    return event["t"] >= after_s and (event["attempt"] != attempt
+                                      or event["t"] >= after_s + STRAGGLE_S)
 
 
 @dataclass
@@ -447,13 +464,16 @@ def provoke_deadlock(server_url: str, namespace: str, wait_s: float = 15.0) -> s
 # -- the standalone cluster ----------------------------------------------------------------
 class Cluster:
     """scripts/cluster.sh with its own folder and ports, `taskmanagers` TaskManagers and
-    `extra_conf` (e.g. a low heartbeat timeout)."""
+    `extra_conf` (e.g. a low heartbeat timeout); `ha`: ZooKeeper high availability
+    (FLINK_HA=zookeeper: cluster.sh starts a ZooKeeper server of its own), so that a
+    JobManager started after one was killed recovers the running jobs."""
 
     def __init__(self, directory: Path, rest_port: int, rpc_port: int, taskmanagers: int,
-                 slots: int, extra_conf: dict[str, str]) -> None:
+                 slots: int, extra_conf: dict[str, str], ha: bool = False) -> None:
         self.directory = directory
         self.rest = f"http://localhost:{rest_port}"
         self.taskmanagers = taskmanagers
+        self.ha = ha
         self.env = {**os.environ,
                     "PATH": str(Path(sys.executable).parent) + os.pathsep
                     + os.environ.get("PATH", ""),
@@ -462,6 +482,7 @@ class Cluster:
                     "FLINK_RPC_PORT": str(rpc_port), "FLINK_TASK_SLOTS": str(slots),
                     "FLINK_TASKMANAGERS": str(taskmanagers), "CLUSTER_TIMEOUT_S": "120",
                     "FLINK_EXTRA_CONF": "\n".join(f"{k}: {v}" for k, v in extra_conf.items()),
+                    "FLINK_HA": "zookeeper" if ha else "none",
                     "PYTHONWARNINGS": "ignore:pkg_resources is deprecated:UserWarning"}
         self.stopped: set[int] = set()
 
@@ -483,7 +504,8 @@ class Cluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
             self.script("down", timeout=90)
-            for pid in self.tm_pids():  # any TaskManager stop-cluster.sh missed
+            # Any TaskManager, JobManager or ZooKeeper server that stop-cluster.sh missed.
+            for pid in self.tm_pids() + self.jm_pids() + self.pids("zookeeper"):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -493,8 +515,16 @@ class Cluster:
 
     def tm_pids(self) -> list[int]:
         """Live TaskManager processes of this cluster (from its pid files)."""
+        return self.pids("taskexecutor")
+
+    def jm_pids(self) -> list[int]:
+        """Live JobManager processes (StandaloneSessionClusterEntrypoint) of this cluster."""
+        return self.pids("standalonesession")
+
+    def pids(self, daemon: str) -> list[int]:
+        """Live processes of `daemon` (flink-daemon.sh's name) from the pid files."""
         pids = []
-        for f in (self.directory / "pid").glob("*taskexecutor*.pid"):
+        for f in (self.directory / "pid").glob(f"*{daemon}*.pid"):
             for line in f.read_text().split():
                 if line.isdigit() and Path(f"/proc/{line}").exists():
                     with contextlib.suppress(OSError):
@@ -506,8 +536,15 @@ class Cluster:
     def wait_gone(self, pid: int, timeout_s: float = 15) -> None:
         """Wait until the killed process `pid` is gone (not counted as live any more)."""
         end = time.time() + timeout_s
-        while pid in self.tm_pids() and time.time() < end:
+        while pid in self.tm_pids() + self.jm_pids() and time.time() < end:
             time.sleep(0.1)
+
+    def start_jobmanager(self) -> None:
+        """A new JobManager (`cluster.sh jobmanager start`, as start-cluster.sh starts
+        one): with `ha` it takes the leadership and recovers the jobs from ZooKeeper and
+        high-availability.storageDir."""
+        done = self.script("jobmanager", "start", timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
 
     def registered(self) -> int:
         try:
@@ -576,24 +613,29 @@ class Cluster:
 
 
 def task_pids(events_path: Path, after_s: float = 0.0) -> tuple[int, set[int]]:
-    """The latest attempt number that opened (after `after_s`) and the processes (the
-    TaskManagers) its subtasks run in."""
-    opens = [e for e in read_events(events_path) if e["event"] == "open" and e["t"] >= after_s]
+    """The attempt that opened last (after `after_s`) and the processes (the TaskManagers)
+    its subtasks run in: the subtasks that opened with its number within 20 s before it
+    (attempt numbers start at 0 again when a JobManager recreates the job, see
+    :func:`new_attempt`)."""
+    opens = sorted((e for e in read_events(events_path)
+                    if e["event"] == "open" and e["t"] >= after_s), key=lambda e: e["t"])
     if not opens:
         return -1, set()
-    latest = max(e["attempt"] for e in opens)
-    return latest, {int(e["pid"]) for e in opens if e["attempt"] == latest}
+    last = opens[-1]
+    return last["attempt"], {int(e["pid"]) for e in opens if e["attempt"] == last["attempt"]
+                             and e["t"] >= last["t"] - 20}
 
 
-def wait_new_attempt(events_path: Path, attempt: int, timeout_s: float,
+def wait_new_attempt(events_path: Path, attempt: int, after_s: float, timeout_s: float,
                      exclude_pid: int | None = None) -> bool:
-    """Wait until an attempt newer than `attempt` processed a record (in a process other
-    than `exclude_pid`)."""
+    """Wait until an attempt that started after the fault at `after_s`, which failed
+    `attempt`, processed a record (in a process other than `exclude_pid`; see
+    :func:`new_attempt`)."""
     end = time.time() + timeout_s
     while time.time() < end:
         for e in read_events(events_path):
-            if (e["event"] == "first_record" and e["attempt"] > attempt
-                    and e["pid"] != exclude_pid):
+            if (e["event"] == "first_record" and e["pid"] != exclude_pid
+                    and new_attempt(e, attempt, after_s)):
                 return True
         time.sleep(0.2)
     return False

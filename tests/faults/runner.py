@@ -35,16 +35,18 @@ QUICK = Variant(
     "quick", crash_runs=[(14, 11)],
     db=DbPlan(kills=5, outages_10s=1, outages_60s=1, lock_waits=1, lock_timeouts=1,
               deadlocks=3),
-    cluster=ClusterPlan([Stage(2, kills=2, zombies=1), Stage(3, crash=True), Stage(1)]))
+    cluster=ClusterPlan([Stage(2, kills=2, zombies=1, jm_kills=1), Stage(3, crash=True),
+                         Stage(1)]))
 
 LONG = Variant(
     "long", crash_runs=[(30, 101), (30, 102), (30, 103), (30, 104)],
     crash_per_key=(200, 400),
     db=DbPlan(kills=30, outages_10s=4, outages_60s=2, lock_waits=6, lock_timeouts=2,
               deadlocks=8),
-    cluster=ClusterPlan([Stage(2, kills=8, zombies=4), Stage(3, crash=True, kills=2),
-                         Stage(1, kills=2), Stage(2, kills=5, zombies=2),
-                         Stage(3, crash=True), Stage(1)]))
+    cluster=ClusterPlan([Stage(2, kills=8, zombies=4, jm_kills=2),
+                         Stage(3, crash=True, kills=2), Stage(1, kills=2, jm_kills=1),
+                         Stage(2, kills=5, zombies=2, jm_kills=2), Stage(3, crash=True),
+                         Stage(1, jm_kills=1)]))
 
 VARIANTS = {v.name: v for v in (QUICK, LONG)}
 
@@ -102,6 +104,18 @@ def write_results(results: list[RunResult], path: Path, variant: Variant,
         "moment it happened; a rescale: when the savepoint completed) until the job "
         "committed a checkpoint newer than the last one committed then (polled every "
         "0.25 s).",
+        *(["* **JobManager kill -9**: the cluster run's cluster has ZooKeeper high "
+            "availability (`scripts/cluster.sh` with `FLINK_HA=zookeeper`: the ZooKeeper "
+            "server that the apache-flink wheel bundles, on a port and data dir of its own; "
+            "`high-availability.storageDir` and the checkpoints on local disk; ZooKeeper "
+            "session timeout 10 s, suspended connections tolerated). The driver kills the "
+            "JobManager (StandaloneSessionClusterEntrypoint) with SIGKILL and at once starts a "
+            "new one "
+            "(`cluster.sh jobmanager start`, as a supervisor would): it takes the leadership "
+            "once the killed one's session expired, recovers the job from ZooKeeper and its "
+            "latest completed checkpoint, and the TaskManagers register with it; recovered = "
+            "a checkpoint committed by an attempt that opened after the kill."]
+          if variant.cluster.ha else []),
         f"* Database options of the database run: {db_options}"
         " (the retry deadline exceeds a 60 s outage: the checkpoint waits, the job does "
         "not restart); the job's URL points at a TcpProxy in front of the shared MariaDB.",

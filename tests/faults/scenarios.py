@@ -15,7 +15,9 @@ state with the model. One run batches many faults.
 * :func:`cluster_run` — the standalone cluster with two TaskManagers: kill -9 of a
   TaskManager that runs the job's tasks, zombies (SIGSTOP past the heartbeat timeout,
   SIGCONT while the replacement runs), rescale by stop-with-savepoint 2→3→1 with a crash
-  in the middle job.
+  in the middle job; with ZooKeeper high availability (scripts/cluster.sh FLINK_HA), kill
+  -9 of the JobManager, after which the driver starts a new one (as a supervisor would)
+  that recovers the job from ZooKeeper and its latest completed checkpoint.
 """
 
 from __future__ import annotations
@@ -291,12 +293,19 @@ def _db_faults(server_url: str, ns: str, proxy: FaultProxy, watcher: CommitWatch
 @dataclass
 class Stage:
     """One job of the cluster run: its parallelism, a crash of its first attempt, and the
-    TaskManager faults injected while it runs (alternating kill -9 and zombie)."""
+    faults injected while it runs, in random order: TaskManager kill -9, zombie, and
+    JobManager kill -9 (`jm_kills`; the cluster runs with ZooKeeper HA then). Not both
+    `crash` and `jm_kills`: the job a new JobManager recovers counts attempts from 0
+    again, so its first attempt would crash once more."""
 
     parallelism: int
     crash: bool = False
     kills: int = 0
     zombies: int = 0
+    jm_kills: int = 0
+
+    def __post_init__(self) -> None:
+        assert not (self.crash and self.jm_kills), "a crash stage has no JobManager kill"
 
 
 @dataclass
@@ -305,8 +314,15 @@ class ClusterPlan:
         Stage(2, kills=2, zombies=1), Stage(3, crash=True), Stage(1)])
 
     def seconds(self) -> float:
-        return sum(25 + s.kills * 20 + s.zombies * 30 + (25 if s.crash else 0)
-                   for s in self.stages)
+        """Seconds of processing the faults need (the input is sized from it): a
+        JobManager kill takes the job down while it recovers, so it needs few records."""
+        return sum(25 + s.kills * 20 + s.zombies * 30 + s.jm_kills * 10
+                   + (25 if s.crash else 0) for s in self.stages)
+
+    @property
+    def ha(self) -> bool:
+        """ZooKeeper HA: the plan kills the JobManager."""
+        return any(s.jm_kills for s in self.stages)
 
 
 CLUSTER_CONF = {"heartbeat.timeout": "5000", "heartbeat.interval": "1000",
@@ -329,7 +345,8 @@ def cluster_run(url: str, work: Path, name: str, plan: ClusterPlan, seed: int,
     per_key = max(10, int(rate * plan.seconds() * 2.0 / keys))
     model = write_sequence_input(data, keys, per_key // 2, per_key * 3 // 2, seed=seed)
     cluster = Cluster(Path(__file__).resolve().parent.parent.parent / "var" / "cluster-faults",
-                      28081, 26123, taskmanagers=2, slots=2, extra_conf=CLUSTER_CONF)
+                      28081, 26123, taskmanagers=2, slots=2, extra_conf=CLUSTER_CONF,
+                      ha=plan.ha)
     say(f"{name}: {sum(model.values())} records, stages {plan.stages}, namespace {ns}")
     try:
         with cluster.running(), CommitWatcher(url, ns) as watcher:
@@ -340,7 +357,8 @@ def cluster_run(url: str, work: Path, name: str, plan: ClusterPlan, seed: int,
                 events = work / f"{name}.stage{i}.events"
                 events.unlink(missing_ok=True)
                 control.write_text("0" if final and not (stage.kills or stage.zombies
-                                                         or stage.crash) else str(throttle_ms))
+                                                         or stage.jm_kills or stage.crash)
+                                   else str(throttle_ms))
                 cluster.ensure_taskmanagers()
                 args = ["--input", str(data), "--url", url, "--namespace", ns,
                         "--parallelism", str(stage.parallelism), "--checkpoint-ms", "500",
@@ -364,8 +382,8 @@ def cluster_run(url: str, work: Path, name: str, plan: ClusterPlan, seed: int,
                 _wait_commit(watcher, cluster, jid)
                 if stage.crash:
                     _stage_crash(cluster, jid, events, watcher, run, stage)
-                kinds = ["kill", "zombie"]
-                steps = ([kinds[0]] * stage.kills + [kinds[1]] * stage.zombies)
+                steps = (["kill"] * stage.kills + ["zombie"] * stage.zombies
+                         + ["jmkill"] * stage.jm_kills)
                 rng.shuffle(steps)
                 for step in steps:
                     if cluster.state(jid) != "RUNNING":
@@ -373,7 +391,10 @@ def cluster_run(url: str, work: Path, name: str, plan: ClusterPlan, seed: int,
                                          f"before a {step}")
                         break
                     time.sleep(rng.uniform(1.0, 3.0))
-                    _tm_fault(step, cluster, events, watcher, run, rng)
+                    if step == "jmkill":
+                        _jm_fault(cluster, jid, events, watcher, run)
+                    else:
+                        _tm_fault(step, cluster, events, watcher, run, rng)
                     cluster.ensure_taskmanagers()
                 if final:
                     control.write_text("0")
@@ -428,6 +449,46 @@ def _stage_crash(cluster: Cluster, jid: str, events: Path, watcher: CommitWatche
     raise AssertionError(f"job {jid}: the planned crash did not happen in 180 s")
 
 
+JM_KILL = "JobManager kill -9 (ZooKeeper HA)"
+
+
+def _jm_fault(cluster: Cluster, jid: str, events: Path, watcher: CommitWatcher,
+              run: RunResult) -> None:
+    """kill -9 of the JobManager (at a random point: the caller sleeps 1-3 s), then a new one
+    (`jobmanager.sh start`, at once, as a supervisor restarts a process): it becomes the
+    leader once the killed one's ZooKeeper session expired (10 s), recovers the job graph
+    and the latest completed checkpoint from ZooKeeper and high-availability.storageDir,
+    and the TaskManagers register with it. The recovery is the first checkpoint committed
+    by an attempt that opened after the kill."""
+    live = cluster.jm_pids()
+    assert len(live) == 1, f"JobManagers running: {live}"
+    attempt, _ = task_pids(events)
+    t0 = time.time()
+    os.kill(live[0], signal.SIGKILL)
+    cluster.wait_gone(live[0])
+    fault = Fault(JM_KILL, t0, t0, detail=f"pid {live[0]}, attempt {attempt}",
+                  failed_attempt=-1, events=events)
+    run.faults.append(fault)
+    cluster.start_jobmanager()
+    rest_s = running_s = None
+    end = time.time() + 180
+    while time.time() < end and running_s is None:
+        state = cluster.state(jid)
+        if state != "UNKNOWN" and rest_s is None:
+            rest_s = time.time() - t0
+        if state == "RUNNING":
+            running_s = time.time() - t0
+        elif state in ("FAILED", "CANCELED", "FINISHED"):
+            raise AssertionError(f"job {jid} is {state} after the JobManager kill")
+        time.sleep(0.2)
+    fault.detail += (f"; new JobManager's REST API: job listed after "
+                     f"{rest_s or float('nan'):.1f} s, RUNNING after "
+                     f"{running_s or float('nan'):.1f} s")
+    recovered = watcher.wait_recovered(fault, 180)
+    say(f"{run.name}: {fault.kind} ({fault.detail}): "
+        + (f"recovered in {fault.recovery_s:.1f} s" if recovered else "NOT recovered"))
+
+
 def _tm_fault(step: str, cluster: Cluster, events: Path, watcher: CommitWatcher,
               run: RunResult, rng: random.Random) -> None:
     attempt, pids = task_pids(events)
@@ -454,7 +515,7 @@ def _tm_fault(step: str, cluster: Cluster, events: Path, watcher: CommitWatcher,
                       events=events)
         run.faults.append(fault)
         try:
-            replaced = wait_new_attempt(events, attempt, 90, exclude_pid=victim)
+            replaced = wait_new_attempt(events, attempt, t0, 90, exclude_pid=victim)
             recovered = replaced and watcher.wait_recovered(fault, 90)
             time.sleep(rng.uniform(1.0, 3.0))  # the replacement runs; the zombie wakes up
         finally:

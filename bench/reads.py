@@ -1,0 +1,492 @@
+"""Bench part `reads` (`python -m bench.run --only reads`): committed-state point reads
+from one SQL client on MariaDB (issue 9, item 5).
+
+A namespace is filled through the package's own API (two `LocalSubtask`s, i.e. two
+subtasks of parallelism 2, their checkpoints written by the background writer and
+completed through the checkpoint protocol): a ValueState and a MapState per key; the
+first job commits checkpoints 1 and 2 (10 % of the keys updated in 2), a second job
+restores checkpoint 2 and commits 3 (another 10 % updated), so that the committed
+checkpoint's version ranges span two branches per key-group segment and many entries
+have an older version, as on a namespace a job has run on for a while.
+
+Then ONE client (pymysql, one connection, sequential, parameterised SQL, autocommit)
+reads random keys with the queries README documents (pyflink_ndb.stores.views): by
+primary key on the state table, through the `<ns>_committed` view by primary key, by
+`kjson` through the view; and the package's own read path (`pyflink-ndb get`, i.e.
+`inspect.iter_entries`). Each after a warm-up; reads/s, p50, p99, p99.9. Every query's
+EXPLAIN is recorded with whether it reads the state table by an index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OPERATOR = "reads"
+VALUE_STATE = "profile"
+MAP_STATE = "visits"
+#: Map entries per key in the MapState.
+MAP_ENTRIES = 2
+SEED = 20130101
+
+
+def _local_dir(prefix: str) -> str:
+    shm = Path("/dev/shm")
+    base = str(shm) if shm.is_dir() else None
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+def key_name(i: int) -> str:
+    return f"user-{i:07d}"
+
+
+def profile(i: int, version: int) -> list[Any]:
+    """The ValueState value of key `i` written in checkpoint `version` (JSON: an array)."""
+    return [i, f"name-{i}", version, round(i * 0.25, 2)]
+
+
+def visits(i: int) -> dict[str, int]:
+    """The MapState of key `i`."""
+    return {f"page-{m}": i * 10 + m for m in range(MAP_ENTRIES)}
+
+
+def fill(mysql_url: str, namespace: str, keys: int, log: Callable[[str], None] = print,
+         update_share: float = 0.1) -> dict[str, Any]:
+    """Fill `namespace` (dropped first) with committed state through the package's API.
+
+    Returns `keys`, `rows` (of the state table), the seconds of each phase, and
+    `version`: per key index the checkpoint whose ValueState value is committed.
+    """
+    from pyflink.common import Types
+    from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+
+    from pyflink_ndb.config import NdbStateOptions
+    from pyflink_ndb.stores.factory import open_store
+    from pyflink_ndb.testing import (
+        CheckpointStorage,
+        LocalSubtask,
+        key_group_ranges,
+        local_key_group,
+    )
+
+    options = NdbStateOptions(url=mysql_url, namespace=namespace)
+    store = open_store(options)
+    store.drop_tables()
+    store.close()
+    store = open_store(options)
+    ranges = key_group_ranges(2)
+    storage = CheckpointStorage()
+    dirs: list[str] = []
+    rng = np.random.default_rng(SEED)
+    owner = [0 if local_key_group(key_name(i)) <= ranges[0][1] else 1 for i in range(keys)]
+    version = [1] * keys
+    out: dict[str, Any] = {"keys": keys, "phases_s": {}}
+
+    def subtasks(restore: int | None) -> list[LocalSubtask]:
+        made = []
+        for index, (a, b) in enumerate(ranges):
+            dirs.append(_local_dir("pyflink-ndb-bench-reads-"))
+            made.append(LocalSubtask(store, options, operator=OPERATOR, subtask_index=index,
+                                     key_group_start=a, key_group_end=b, local_dir=dirs[-1],
+                                     storage=storage, restored_checkpoint_id=restore))
+        return made
+
+    def write(tasks: list[LocalSubtask], which: Sequence[int], epoch: int,
+              maps: bool) -> None:
+        states = [(t.context.get_state(ValueStateDescriptor(VALUE_STATE,
+                                                            Types.PICKLED_BYTE_ARRAY())),
+                   t.context.get_map_state(MapStateDescriptor(MAP_STATE, Types.STRING(),
+                                                              Types.LONG())))
+                  for t in tasks]
+        for i in which:
+            tasks[owner[i]].key(key_name(i))
+            value, mapped = states[owner[i]]
+            value.update(profile(i, epoch))
+            version[i] = epoch
+            if maps:
+                for map_key, count in visits(i).items():
+                    mapped.put(map_key, count)
+
+    def checkpoint(tasks: list[LocalSubtask], n: int, what: str) -> None:
+        started = time.perf_counter()
+        for task in tasks:  # both subtasks' writers run at once, as in a job
+            task.snapshot(n, durable=False)
+        for task in tasks:
+            task.wait_durable(n)
+        for task in tasks:
+            task.complete(n)
+        out["phases_s"][what] = time.perf_counter() - started
+        log(f"reads: {what}: {out['phases_s'][what]:.1f} s")
+
+    def some() -> list[int]:
+        return sorted(int(i) for i in rng.choice(keys, size=int(keys * update_share),
+                                                 replace=False))
+
+    try:
+        tasks = subtasks(None)
+        write(tasks, range(keys), 1, maps=True)
+        checkpoint(tasks, 1, f"checkpoint 1 ({keys:,} keys, {keys * (1 + MAP_ENTRIES):,} "
+                             "entries)")
+        updated = some()
+        write(tasks, updated, 2, maps=False)
+        checkpoint(tasks, 2, f"checkpoint 2 ({len(updated):,} values)")
+        for task in tasks:
+            task.close()
+        tasks = subtasks(2)  # a new job restores checkpoint 2: new branches
+        updated = some()
+        write(tasks, updated, 3, maps=False)
+        checkpoint(tasks, 3, f"checkpoint 3 after a restore ({len(updated):,} values)")
+        for task in tasks:
+            task.close()
+        out["rows"] = store.count_rows()
+    finally:
+        store.close()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    out["version"] = version
+    return out
+
+
+# -- measuring -----------------------------------------------------------------------------
+def latency_summary(latencies: Sequence[float], elapsed: float) -> dict[str, float]:
+    ms = np.asarray(latencies) * 1000
+    return {"reads": len(latencies), "reads_per_s": len(latencies) / elapsed,
+            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "p999_ms": float(np.percentile(ms, 99.9)), "max_ms": float(ms.max())}
+
+
+def explain(cur: Any, sql: str, params: Sequence[Any], tables: Sequence[str]
+            ) -> dict[str, Any]:
+    """EXPLAIN of one query: its rows, and whether every access to the tables named in
+    `tables` (the state table's aliases) is by an index (const, eq_ref, ref, range) rather
+    than a scan of the table."""
+    cur.execute("EXPLAIN " + sql, params)
+    names = [d[0] for d in cur.description]
+    plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    hits = [r for r in plan if r.get("table") in tables]
+    indexed = bool(hits) and all(r.get("type") in ("const", "eq_ref", "ref", "range",
+                                                   "ref_or_null") and r.get("key")
+                                 for r in hits)
+    return {"indexed": indexed,
+            "state_table_access": [f"{r['table']}: {r['type']} on {r['key']} "
+                                   f"(~{r['rows']} rows)" for r in hits],
+            "plan": [{k: (None if v is None else str(v)) for k, v in r.items()} for r in plan]}
+
+
+_OPTIMIZE_RE = re.compile(r'"query_optimization":\s*\{\s*"r_total_time_ms":\s*([0-9.e+-]+)')
+_EXECUTE_RE = re.compile(r'"query_block":\s*\{[^{]*?"r_total_time_ms":\s*([0-9.e+-]+)')
+
+
+def server_times(cur: Any, sql: str, params: Sequence[Any], repeat: int = 20
+                 ) -> dict[str, float]:
+    """Median server time (ms) to optimize and to execute the query, from MariaDB's
+    `ANALYZE FORMAT=JSON` (read by pattern: the document quotes the query's constants
+    unescaped); empty elsewhere."""
+    optimize, execute = [], []
+    for _ in range(repeat):
+        try:
+            cur.execute("ANALYZE FORMAT=JSON " + sql, params)
+            text = str(cur.fetchone()[0])
+        except Exception:  # noqa: BLE001 - not MariaDB: no server-side split
+            return {}
+        opt, ex = _OPTIMIZE_RE.search(text), _EXECUTE_RE.search(text)
+        if opt is None or ex is None:
+            return {}
+        optimize.append(float(opt.group(1)))
+        execute.append(float(ex.group(1)))
+    return {"optimize_ms": float(np.median(optimize)), "execute_ms": float(np.median(execute))}
+
+
+def time_reads(run: Callable[[int], Any], picks: Sequence[int], warmup: int,
+               check: Callable[[int, Any], bool]) -> dict[str, Any]:
+    """`run(i)` for every pick after `warmup` untimed ones; latencies of each call."""
+    for i in picks[:warmup]:
+        run(i)
+    latencies = []
+    found = correct = 0
+    started = time.perf_counter()
+    for i in picks[warmup:]:
+        t = time.perf_counter()
+        result = run(i)
+        latencies.append(time.perf_counter() - t)
+        if result:
+            found += 1
+            correct += check(i, result)
+    out = latency_summary(latencies, time.perf_counter() - started)
+    out.update(found=found, correct=correct)
+    return out
+
+
+def bench_reads(mysql_url: str, namespace: str, keys: int = 100_000, reads: int = 20_000,
+                warmup: int = 2_000, scan_reads: int = 5, get_reads: int | None = None,
+                write_cost_entries: int = 20_000, log: Callable[[str], None] = print
+                ) -> dict[str, Any]:
+    """The part: fill, create the views, then time each documented read from one client.
+
+    :param keys: keys of the namespace (a ValueState and a MapState of
+        :data:`MAP_ENTRIES` entries each).
+    :param reads: timed reads per query, random keys (uniform), after `warmup`.
+    :param scan_reads: reads by `key_text`, which has no index (each reads the table).
+    :param get_reads: reads through the package's read path (default: `reads`).
+    :param write_cost_entries: entries per checkpoint of :func:`index_write_cost` (0: not
+        measured).
+    """
+    started = time.perf_counter()
+    filled = fill(mysql_url, namespace, keys, log)
+    out = measure_reads(mysql_url, namespace, filled, reads, warmup, scan_reads, get_reads,
+                        log)
+    if write_cost_entries:
+        out["write_cost"] = index_write_cost(mysql_url, f"{namespace}_wc", write_cost_entries,
+                                             log=log)
+    out["elapsed_s"] = time.perf_counter() - started
+    return out
+
+
+def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads: int,
+                  warmup: int, scan_reads: int, get_reads: int | None,
+                  log: Callable[[str], None]) -> dict[str, Any]:
+    """The reads of :func:`bench_reads` on a namespace :func:`fill` filled (`filled`: what
+    it returned)."""
+    import pymysql
+
+    from pyflink_ndb.serialization.keys import encode_key
+    from pyflink_ndb.stores import views
+    from pyflink_ndb.stores.inspect import iter_entries, states_of
+    from pyflink_ndb.stores.mysql import MysqlStateStore, parse_mysql_url
+    from pyflink_ndb.testing import local_key_group
+
+    filled = dict(filled)
+    version = filled.pop("version")
+    keys = filled["keys"]
+    store = MysqlStateStore(mysql_url, namespace)
+    store.open(create=False)
+    args = parse_mysql_url(mysql_url)
+    conn = pymysql.connect(host=args["host"], port=args["port"], user=args["user"],
+                           password=args["password"] or "", database=args["database"],
+                           charset="utf8mb4", autocommit=True, binary_prefix=True)
+    out: dict[str, Any] = {"namespace": namespace, **filled, "queries": {},
+                           "loadavg_before": list(os.getloadavg())}
+    try:
+        # The statistics InnoDB recalculates in the background after bulk writes, now (the
+        # plans of a table that has been written, not of the empty one).
+        store._query(f"ANALYZE TABLE {store.t_state}")
+        views.create_views(store)
+        out["kjson_index"] = views.has_kjson_index(store)
+        cur = conn.cursor()
+        cur.execute("SELECT VERSION()")
+        out["server"] = cur.fetchone()[0]
+        infos = {s.name: s for s in states_of(store, OPERATOR)}
+        value_id = infos[VALUE_STATE].state_id
+        kgs = [local_key_group(key_name(i)) for i in range(keys)]
+        ukeys = [encode_key(key_name(i)) for i in range(keys)]
+        kjsons = [json.dumps(key_name(i)) for i in range(keys)]
+        cur.execute(views.ranges_query(namespace), (OPERATOR,))
+        ranges = cur.fetchall()
+        committed = ranges[0][5]
+        by_group: dict[int, list[int]] = {}
+        for kg in range(128):
+            by_group[kg] = [x for a, b, lo, hi, _, _ in ranges if a <= kg <= b for x in (lo, hi)]
+        pk_sql = {n: views.point_read_query(namespace, n)
+                  for n in {len(v) // 2 for v in by_group.values()}}
+        rng = np.random.default_rng(SEED + 1)
+        picks = [int(i) for i in rng.integers(0, keys, size=warmup + reads)]
+
+        def expect_value(i: int, vjson: Any) -> bool:
+            return vjson is not None and json.loads(vjson) == profile(i, version[i])
+
+        def expect_key(i: int, rows: Sequence[Any]) -> bool:
+            got = {(r[0], r[1]): json.loads(r[2]) for r in rows}
+            want = {(VALUE_STATE, None): profile(i, version[i])}
+            want.update({(MAP_STATE, json.dumps(k)): v for k, v in visits(i).items()})
+            return got == want
+
+        def fetch(sql: str, params: Sequence[Any]) -> list[Any]:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+        cli_text, cli_params = store.committed_sql(OPERATOR)
+        cli_pk = (f"SELECT q.version, q.vjson FROM ({store._sql(cli_text)}) q WHERE "
+                  "q.key_group = %s AND q.state_name = %s AND q.ukey = %s")
+        view_pk = views.view_point_read_query(namespace)
+        view_key = views.view_key_query(namespace)
+        ranges_pk = views.ranges_point_read_query(namespace)
+        queries: list[tuple[str, str, Callable[[int], tuple[str, list[Any]]],
+                            Callable[[int, Any], bool], Sequence[str], int]] = [
+            ("floor", "`SELECT 1` (the client's and the round trip's floor)",
+             lambda i: ("SELECT 1", []), lambda i, r: True, (), reads),
+            ("pk", "state table by primary key, ranges read once (`NS_committed_ranges`) "
+                   "and checked in the statement",
+             lambda i: (pk_sql[len(by_group[kgs[i]]) // 2],
+                        [OPERATOR, committed, kgs[i], value_id, ukeys[i],
+                         *by_group[kgs[i]]]),
+             lambda i, r: bool(r[0][0]) and not r[0][2] and expect_value(i, r[0][3]),
+             ("s",), reads),
+            ("pk_ranges_view", "state table by primary key joined with "
+                               "`NS_committed_ranges`",
+             lambda i: (ranges_pk, [OPERATOR, kgs[i], value_id, ukeys[i]]),
+             lambda i, r: not r[0][1] and expect_value(i, r[0][2]), ("s",), reads),
+            ("query_sql_pk", "`pyflink-ndb query --sql` statement filtered by primary key",
+             lambda i: (cli_pk, [*cli_params, kgs[i], VALUE_STATE, ukeys[i]]),
+             lambda i, r: expect_value(i, r[0][1]), ("s",), reads),
+            ("view_pk", "`NS_committed` by primary key (operator, state, key_group, ukey)",
+             lambda i: (view_pk, [OPERATOR, VALUE_STATE, kgs[i], ukeys[i]]),
+             lambda i, r: expect_value(i, r[0][2]), ("s",), reads),
+            ("view_kjson", "`NS_committed` by `kjson` (every state of the key: 1 value + "
+                           f"{MAP_ENTRIES} map rows)",
+             lambda i: (view_key, [OPERATOR, kjsons[i]]), expect_key, ("s",), reads),
+            ("view_key_text", "`NS_committed` by `key_text` (no index)",
+             lambda i: (view_key.replace("kjson = %s", "key_text = %s"),
+                        [OPERATOR, key_name(i)]), expect_key, ("s",), scan_reads),
+        ]
+        for label, text, make, check, tables, count in queries:
+            sql, params = make(picks[0])
+            entry: dict[str, Any] = {"what": text, "sql": sql}
+            if tables:
+                entry["explain"] = explain(cur, sql, params, tables)
+                entry["server"] = server_times(cur, sql, params,
+                                               repeat=3 if count < 100 else 20)
+            n_warm = min(warmup, max(1, count // 10))
+            entry.update(time_reads(lambda i, make=make: fetch(*make(i)),
+                                    picks[:n_warm + count], n_warm, check))
+            out["queries"][label] = entry
+            log(f"reads {label}: {entry['reads_per_s']:,.0f}/s, p50 {entry['p50_ms']:.3f} ms, "
+                f"p99 {entry['p99_ms']:.3f} ms, p99.9 {entry['p999_ms']:.3f} ms; "
+                f"{entry['correct']:,}/{entry['reads']:,} correct"
+                + ("" if "explain" not in entry else
+                   f"; index: {'yes' if entry['explain']['indexed'] else 'NO'} "
+                   f"({'; '.join(entry['explain']['state_table_access'])})"))
+        states = [infos[VALUE_STATE]]
+        count = reads if get_reads is None else get_reads
+
+        def get(i: int) -> Any:
+            return next(iter(iter_entries(store, OPERATOR, states, key=key_name(i),
+                                          key_given=True, limit=1)), None)
+        entry = {"what": "the package's read path (`pyflink-ndb get`: "
+                         "`inspect.iter_entries`), own connection"}
+        n_warm = min(warmup, max(1, count // 10))
+        entry.update(time_reads(get, picks[:n_warm + count], n_warm,
+                                lambda i, e: e.value == profile(i, version[i])))
+        out["queries"]["get"] = entry
+        log(f"reads get: {entry['reads_per_s']:,.0f}/s, p99 {entry['p99_ms']:.3f} ms")
+        out["loadavg_after"] = list(os.getloadavg())
+    finally:
+        conn.close()
+        store.close()
+    return out
+
+
+def index_write_cost(mysql_url: str, namespace: str, entries: int = 20_000, rounds: int = 3,
+                     log: Callable[[str], None] = print) -> dict[str, Any]:
+    """What the `kjson_key` index costs the job's checkpoints: one subtask writes
+    `entries` ValueState entries per checkpoint (every entry re-dirtied each round), into
+    a namespace with the index and one without (dropped after the open), alternately;
+    timed: `snapshot(n)` until durable (the background writer's REPLACEs), median."""
+    from pyflink.common import Types
+    from pyflink.datastream.state import ValueStateDescriptor
+
+    from pyflink_ndb.config import NdbStateOptions
+    from pyflink_ndb.stores.factory import open_store
+    from pyflink_ndb.testing import LocalSubtask
+
+    out: dict[str, Any] = {"entries": entries, "rounds": rounds}
+    subs: dict[str, Any] = {}
+    stores: dict[str, Any] = {}
+    dirs: list[str] = []
+    try:
+        for label in ("with", "without"):
+            options = NdbStateOptions(url=mysql_url, namespace=f"{namespace}_{label[:2]}")
+            store = open_store(options)
+            store.drop_tables()
+            store.close()
+            store = stores[label] = open_store(options)
+            if label == "without":
+                store._execute(f"ALTER TABLE {store.t_state} DROP INDEX ix_kjson, "
+                               "DROP COLUMN kjson_key")
+            dirs.append(_local_dir("pyflink-ndb-bench-wcost-"))
+            sub = LocalSubtask(store, options, local_dir=dirs[-1])
+            subs[label] = (sub, sub.context.get_state(
+                ValueStateDescriptor(VALUE_STATE, Types.PICKLED_BYTE_ARRAY())))
+        times: dict[str, list[float]] = {"with": [], "without": []}
+        for epoch in range(1, rounds + 1):
+            for label in (("with", "without") if epoch % 2 else ("without", "with")):
+                sub, state = subs[label]
+                for i in range(entries):
+                    sub.key(key_name(i))
+                    state.update(profile(i, epoch))
+                started = time.perf_counter()
+                sub.snapshot(epoch)
+                times[label].append(time.perf_counter() - started)
+                sub.complete(epoch)
+        for label, values in times.items():
+            out[f"{label}_s"] = values
+            out[f"{label}_median_s"] = float(np.median(values))
+        log(f"reads: kjson index write cost, {entries:,} entries per checkpoint: durable after "
+            f"{out['with_median_s']:.2f} s with the index, {out['without_median_s']:.2f} s "
+            "without")
+    finally:
+        for sub, _ in subs.values():
+            sub.close()
+        for store in stores.values():
+            store.drop_tables()
+            store.close()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
+LABELS = {
+    "floor": "`SELECT 1` (floor: client + round trip)",
+    "pk": "state table by primary key, ranges read once",
+    "pk_ranges_view": "state table by primary key ⋈ `NS_committed_ranges`",
+    "query_sql_pk": "`pyflink-ndb query --sql` filtered by primary key",
+    "view_pk": "`NS_committed` by primary key",
+    "view_kjson": "`NS_committed` by `kjson`",
+    "view_key_text": "`NS_committed` by `key_text` (no index)",
+    "get": "`pyflink-ndb get` read path (Python)",
+}
+
+
+def markdown(r: dict[str, Any]) -> list[str]:
+    """The part's section of summary.md."""
+    lines = ["## Committed-state point reads (one SQL client, MariaDB)", "",
+             f"{r['keys']:,} keys (a ValueState and a {MAP_ENTRIES}-entry MapState each), "
+             f"{r['rows']:,} state-table rows, committed through the checkpoint protocol "
+             "(checkpoints 1-2 of one job, 3 of a job that restored 2). One pymysql "
+             "connection, sequential, parameterised, autocommit; random keys after a "
+             f"warm-up. Server {r.get('server', '?')}; kjson index: "
+             f"{'yes' if r.get('kjson_index') else 'no'}; load average "
+             f"{r.get('loadavg_before', [0])[0]:.1f} before, "
+             f"{r.get('loadavg_after', [0])[0]:.1f} after (other work on the machine "
+             "inflates every figure; compare with the `SELECT 1` floor). Target: "
+             "≥ 10,000 reads/s, p99 ≤ 1 ms. Server optimize / execute: medians of "
+             "`ANALYZE FORMAT=JSON`.",
+             "", "| read | reads | reads/s | p50 ms | p99 ms | p99.9 ms | correct | index "
+             "| server optimize / execute ms |", "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for label, q in r["queries"].items():
+        ex = q.get("explain")
+        server = q.get("server") or {}
+        lines.append(
+            f"| {LABELS.get(label, label)} | {q['reads']:,} | {q['reads_per_s']:,.0f} | "
+            f"{q['p50_ms']:.3f} | {q['p99_ms']:.3f} | {q['p999_ms']:.3f} | "
+            f"{q['correct']:,} | {'–' if ex is None else ('yes' if ex['indexed'] else 'NO')} | "
+            + ("–" if not server else
+               f"{server['optimize_ms']:.3f} / {server['execute_ms']:.3f}") + " |")
+    wc = r.get("write_cost")
+    if wc:
+        lines += ["", f"What the `kjson_key` index costs the writes: {wc['entries']:,} "
+                  "ValueState entries re-written per checkpoint by one subtask, snapshot → "
+                  f"durable, median of {wc['rounds']}: {wc['with_median_s'] * 1000:,.0f} ms "
+                  f"with the index, {wc['without_median_s'] * 1000:,.0f} ms without "
+                  f"({wc['with_median_s'] / wc['without_median_s']:.2f}×)."]
+    lines += ["", "Fill: " + "; ".join(f"{k} {v:.1f} s" for k, v in r["phases_s"].items())
+              + f". Part took {r.get('elapsed_s', 0) / 60:.1f} min.", ""]
+    return lines

@@ -1,0 +1,99 @@
+"""The job-wide switch: `state.backend.ndb.enabled: true` puts every keyed Python operator
+that can hold keyed state on tiered state, with the user's functions and stream calls
+unchanged (README, "Switch a whole job").
+
+Why a configuration value honoured by `import pyflink_ndb` (and not a call on the
+environment): the job then changes by one import, and whether it runs on tiered state is
+decided where Flink users already decide their state backend — `flink-conf.yaml`,
+`flink run -D...`, or the job's `Configuration` — so the same job file runs on Flink's
+own backends with the key off. The key is read from the environment's configuration each
+time PyFlink builds a Python operator (so it must be set before the stream calls).
+
+What is switched (each through PyFlink's one builder of Java Python-function operators,
+:func:`pyflink_ndb._pyflink.install_operator_factories`):
+
+* `KeyedStream.process`, `map`, `flat_map`, `filter` (PyFlink runs them as keyed process
+  functions) when the user's function overrides `open()` — the one place a PyFlink
+  function gets its runtime context, so one without it cannot hold keyed state and is
+  left on PyFlink's operator; `KeyedStream.reduce` always (its running value is a
+  `ReducingState`);
+* keyed `ConnectedStreams.process/map/flat_map` under the same rule;
+* windows on keyed streams (`WindowedStream.reduce/aggregate/process/apply`, any
+  assigner of PyFlink's, merging ones included): the window contents, trigger state,
+  the merging window set and `ProcessWindowFunction.window_state()/global_state()`.
+
+Not switched: non-keyed operators (they hold no keyed state), `KeyedBroadcastProcessFunction`
+(PyFlink builds it through `PythonKeyedBroadcastStateTransformation`, translated in Java
+after the Python side is done: see README, "Limits"), and everything in process mode
+(`python.execution-mode: process`, which the bridge cannot run: ConfigurationError).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyflink_ndb import _pyflink
+from pyflink_ndb.api.functions import (
+    TieredKeyedCoProcessFunction,
+    TieredKeyedProcessFunction,
+    TieredWindowFunction,
+)
+from pyflink_ndb.api.stream import bridge_class, output_type_info, prepare_bridge
+from pyflink_ndb.config import PREFIX
+
+#: The key of the switch.
+ENABLED_KEY = PREFIX + "enabled"
+
+
+def enabled(stream: Any) -> bool:
+    """Whether the switch is on in the configuration of `stream`'s environment."""
+    j_conf = _pyflink.j_env_configuration(stream)
+    return str(j_conf.getString(ENABLED_KEY, "false")).strip().lower() == "true"
+
+
+def _one_input(original: Any, data_stream: Any, func: Any, func_type: int,
+               output_type: Any = None) -> Any:
+    types = _pyflink.function_types()
+    if func_type not in (types.KEYED_PROCESS, types.WINDOW) or not enabled(data_stream):
+        return original(data_stream, func, func_type, output_type)
+    if func_type == types.KEYED_PROCESS and not _pyflink.declares_keyed_state(func):
+        return original(data_stream, func, func_type, output_type)
+    j_conf, options_json = prepare_bridge(data_stream, None, None, check_store=False)
+    j_input = _pyflink.input_type_of(data_stream)
+    # Pickle the function before asking for the Java output type, as PyFlink does: the
+    # function may hold the same TypeInformation, which then caches an unpicklable Java
+    # object.
+    if func_type == types.KEYED_PROCESS:
+        j_info = _pyflink.python_function_info(TieredKeyedProcessFunction(func), func_type)
+        j_output = output_type_info(output_type).get_java_type_info()
+        j_operator = bridge_class("NdbKeyedProcessOperator")(
+            j_conf, j_info, j_input, j_output, options_json)
+    else:
+        descriptor = TieredWindowFunction.wrap_descriptor(func)
+        j_info = _pyflink.python_function_info(descriptor, func_type)
+        j_output = output_type_info(output_type).get_java_type_info()
+        j_operator = bridge_class("NdbWindowOperator")(
+            j_conf, j_info, j_input, j_output,
+            _pyflink.window_namespace_serializer(descriptor.window_serializer), options_json)
+    return j_operator, j_output
+
+
+def _two_input(original: Any, connected: Any, func: Any, func_type: int,
+               type_info: Any = None) -> Any:
+    types = _pyflink.function_types()
+    if (func_type != types.KEYED_CO_PROCESS or not enabled(connected.stream1)
+            or not _pyflink.declares_keyed_state(func)):
+        return original(connected, func, func_type, type_info)
+    j_conf, options_json = prepare_bridge(connected.stream1, None, None, check_store=False)
+    j_info = _pyflink.python_function_info(TieredKeyedCoProcessFunction(func), func_type)
+    j_output = output_type_info(type_info).get_java_type_info()  # after pickling (above)
+    j_operator = bridge_class("NdbKeyedCoProcessOperator")(
+        j_conf, j_info, _pyflink.input_type_of(connected.stream1),
+        _pyflink.input_type_of(connected.stream2), j_output, options_json)
+    return j_operator, j_output
+
+
+def install() -> None:
+    """Install the switch into PyFlink (idempotent; `import pyflink_ndb` does it). With the
+    key off, PyFlink builds every operator as before."""
+    _pyflink.install_operator_factories(_one_input, _two_input)
