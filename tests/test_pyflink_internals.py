@@ -74,3 +74,69 @@ def test_record_keys_are_seen_before_both_inputs():
 
 def test_unknown_operation_shape_is_left_alone():
     assert not _pyflink.hook_record_keys(object(), lambda key: None)
+
+
+# -- the job-wide switch (issue 11) -----------------------------------------------------
+def test_window_operations_close_over_their_timer_context_and_share_one_state_backend():
+    source = _embedded_source("fn_execution/datastream/embedded/operations.py")
+    # hook_timer_keys: the window's on_timer_func reads its key from the timer context.
+    assert "key = window_timer_context.get_current_key()" in source
+    # route_keyed_state: one KeyedStateBackend object for the runtime context and the
+    # window operator.
+    assert "runtime_context.set_keyed_state_backend(keyed_state_backend)" in source
+    assert "window_operator = WindowOperator(\n            window_assigner,\n" \
+           "            keyed_state_backend," in source
+    runtime = _embedded_source("fn_execution/datastream/embedded/runtime_context.py")
+    assert "def get_keyed_state_backend(self):" in runtime
+    backend = _embedded_source("fn_execution/embedded/state_impl.py")
+    for name in _pyflink.KEYED_STATE_GETTERS:
+        assert f"def {name}(self" in backend
+    window = _embedded_source("fn_execution/datastream/window/window_operator.py")
+    assert "self.window_function.open(runtime_context)" in window
+    assert "self.keyed_state_backend.get_map_state(state_descriptor)" in window
+
+
+def test_timer_keys_are_seen_before_each_timer():
+    class TimerContext:
+        key = "k0"
+
+        def get_current_key(self):
+            return self.key
+
+    def make_on_timer():
+        window_timer_context = TimerContext()
+
+        def on_timer_func(timestamp):
+            return [(window_timer_context.get_current_key(), timestamp)]
+
+        return on_timer_func, window_timer_context
+
+    main = _OneInput()
+    main._on_timer_func, context = make_on_timer()
+    seen_keys = []
+    assert _pyflink.hook_timer_keys(_Operation(main), seen_keys.append)
+    context.key = "k1"
+    assert main._on_timer_func(5) == [("k1", 5)]
+    assert seen_keys == ["k1"]
+    assert not _pyflink.hook_timer_keys(_Operation(_OneInput()), seen_keys.append)
+
+
+def test_keyed_state_is_routed_on_the_shared_backend_object():
+    class Backend:
+        def get_current_key(self):
+            return "k"
+
+    class RuntimeContext:
+        def __init__(self, backend):
+            self._backend = backend
+
+        def get_keyed_state_backend(self):
+            return self._backend
+
+    backend = Backend()
+    assert not _pyflink.route_keyed_state(RuntimeContext(backend), lambda d: None)
+    for name in _pyflink.KEYED_STATE_GETTERS:
+        setattr(Backend, name, lambda self, descriptor: "java state")
+    assert _pyflink.route_keyed_state(RuntimeContext(backend), lambda d: ("tiered", d))
+    assert backend.get_map_state("merging-window-set") == ("tiered", "merging-window-set")
+    assert not _pyflink.route_keyed_state(object(), lambda d: None)

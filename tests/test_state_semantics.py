@@ -12,6 +12,7 @@ import pytest
 from pyflink.common.time import Time
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import AggregateFunction
+from pyflink.datastream.window import CountWindow, GlobalWindow, TimeWindow
 from pyflink.datastream.state import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -22,7 +23,7 @@ from pyflink.datastream.state import (
 )
 
 from pyflink_ndb.config import NdbStateOptions
-from pyflink_ndb.errors import ValueTooLargeError
+from pyflink_ndb.errors import SerializationError, ValueTooLargeError
 from pyflink_ndb.stores import StateStore
 from pyflink_ndb.testing import LocalSubtask, ManualClock
 
@@ -663,3 +664,97 @@ def test_list_appended_over_many_checkpoints(h: Harness) -> None:
     h.restart()
     h.key("k")
     assert h.list().get() == [1]
+
+
+# -- namespaces (window state, issue 11) ------------------------------------------------
+W1, W2, W3 = TimeWindow(0, 10), TimeWindow(10, 20), TimeWindow(20, 30)
+
+
+def test_namespaces_keep_separate_values(h):
+    v = h.key("k").value()
+    v.update("global")
+    for window, value in ((W1, "one"), (W2, "two"), (CountWindow(7), "count"),
+                          (GlobalWindow(), "all")):
+        v.set_current_namespace(window)
+        v.update(value)
+    h.maybe_restart()
+    v = h.key("k").value()          # asking for a state resets it to no namespace (Flink)
+    assert v.value() == "global"
+    for window, value in ((W1, "one"), (W2, "two"), (CountWindow(7), "count"),
+                          (GlobalWindow(), "all")):
+        v.set_current_namespace(window)
+        assert v.value() == value
+    v.set_current_namespace(W3)
+    assert v.value() is None
+    v.set_current_namespace(TimeWindow(0, 10))      # equal windows are the same namespace
+    assert v.value() == "one"
+
+
+def test_a_map_without_namespace_does_not_see_the_windows_entries(h):
+    m = h.key("k").map()
+    m.put("a", 1)
+    m.set_current_namespace(W1)
+    m.put("b", 2)
+    m.put(W2, "window as map key")          # the merging window set maps windows
+    h.maybe_restart()
+    m = h.key("k").map()
+    assert dict(m.items()) == {"a": 1}
+    m.set_current_namespace(W1)
+    assert dict(m.items()) == {"b": 2, W2: "window as map key"}
+    m.set_current_namespace(None)
+    m.clear()
+    assert m.is_empty()
+    m.set_current_namespace(W1)
+    assert m.get("b") == 2
+
+
+def test_list_merge_namespaces_appends_the_sources_to_the_target(h):
+    lst = h.key("k").list()
+    for window, items in ((W1, [1, 2]), (W2, [3]), (W3, [4, 5])):
+        lst.set_current_namespace(window)
+        lst.add_all(items)
+    h.maybe_restart()
+    lst = h.key("k").list()
+    lst.merge_namespaces(W1, [W2, W3])
+    assert lst.get() == [1, 2, 3, 4, 5]       # the target is current afterwards
+    for window in (W2, W3):
+        lst.set_current_namespace(window)
+        assert lst.get() == []
+
+
+def test_reducing_merge_namespaces_reduces_into_the_target(h):
+    r = h.key("k").reducing()
+    for window, value in ((W1, 5), (W2, 2), (W3, 3)):
+        r.set_current_namespace(window)
+        r.add(value)
+    h.maybe_restart()
+    r = h.key("k").reducing()
+    r.merge_namespaces(W1, [W2, W3])
+    assert r.get() == 10        # Flink keeps the target's value; PyFlink 1.20 would give 5
+    r.set_current_namespace(W2)
+    assert r.get() is None
+
+
+def test_aggregating_merge_namespaces_merges_accumulators(h):
+    a = h.key("k").aggregating()
+    for window, values in ((W1, [1]), (W2, [2, 3]), (W3, [])):
+        a.set_current_namespace(window)
+        for value in values:
+            a.add(value)
+    h.maybe_restart()
+    a = h.key("k").aggregating()
+    a.merge_namespaces(W1, [W2, W3])
+    assert a.get() == [3, 6]
+    a.set_current_namespace(W2)
+    assert a.get() is None
+    a.merge_namespaces(TimeWindow(40, 50), [W1])
+    assert a.get() == [3, 6]
+
+
+def test_a_custom_window_type_is_refused_with_the_fix(h):
+    class MyWindow:
+        pass
+
+    v = h.key("k").value()
+    with pytest.raises(SerializationError, match="TimeWindow, CountWindow and GlobalWindow"):
+        v.set_current_namespace(MyWindow())

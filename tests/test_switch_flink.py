@@ -44,18 +44,20 @@ from pyflink.datastream import (
     FilterFunction,
     FlatMapFunction,
     MapFunction,
+    OutputTag,
     ProcessWindowFunction,
     RuntimeContext,
     StreamExecutionEnvironment,
     WindowFunction,
 )
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
-from pyflink.datastream.functions import CoMapFunction
+from pyflink.datastream.functions import CoMapFunction, ProcessAllWindowFunction
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 from pyflink.datastream.window import (
     EventTimeSessionWindows,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
 )
 
 import pyflink_ndb  # noqa: F401  (installs the switch)
@@ -282,7 +284,7 @@ def build_job(env: StreamExecutionEnvironment, flights: list[Any], marker: str |
 
 
 def run(flights: list[Any], extra: dict[str, str], marker: str | None = None,
-        checkpoint_ms: int = 300) -> list[Any]:
+        checkpoint_ms: int = 300, build: Any = None) -> list[Any]:
     config = Configuration()
     config.set_string("python.execution-mode", "thread")
     config.set_string("python.executable", sys.executable)
@@ -301,7 +303,7 @@ def run(flights: list[Any], extra: dict[str, str], marker: str | None = None,
         env.get_checkpoint_config().enable_unaligned_checkpoints()
     import ast
 
-    with build_job(env, flights, marker).execute_and_collect() as results:
+    with (build or build_job)(env, flights, marker).execute_and_collect() as results:
         return [ast.literal_eval(line) for line in results]
 
 
@@ -354,3 +356,88 @@ def test_switched_job_equals_pyflink_state_after_a_failure(switched, heap_output
         store.close()
     assert {"seen", "count", "dests", "deps", "arrs", "sessions", "fired", "total",
             "window-contents", "merging-window-set"} <= names, names
+
+
+class WindowCount(ProcessWindowFunction):
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def process(self, key: Any, context: Any, elements: Any) -> Any:
+        yield (self.tag, key, context.window().start, len(list(elements)))
+
+
+class AllWindowCount(ProcessAllWindowFunction):
+    def process(self, context: Any, elements: Any) -> Any:
+        yield ("all", None, context.window().start, len(list(elements)))
+
+
+LATE = OutputTag("late", Types.PICKLED_BYTE_ARRAY())
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+def build_timing_job(env: StreamExecutionEnvironment, flights: list[Any],
+                     marker: str | None) -> Any:
+    """Windows whose firings depend on timing (periodic watermarks, processing time);
+    checked by invariants that hold whatever the timing."""
+    p = PARALLELISM
+    index = env.from_source(NumberSequenceSource(0, len(flights) - 1),
+                            WatermarkStrategy.no_watermarks(), "flight numbers")
+    source = index.map(FlightAt(flights), FLIGHT_TYPE) \
+        .assign_timestamps_and_watermarks(
+            WatermarkStrategy.for_monotonous_timestamps()
+            .with_timestamp_assigner(DepartureTime()))
+    by_tail = source.key_by(lambda f: f[1], key_type=Types.STRING())
+    by_origin = source.key_by(lambda f: f[2], key_type=Types.STRING())
+    late_windows = by_origin.window(TumblingEventTimeWindows.of(Time.hours(1))) \
+        .allowed_lateness(HOUR_MS).side_output_late_data(LATE).process(WindowCount("hourly"))
+    late_windows = late_windows.set_parallelism(p)
+    outputs = [
+        by_tail.map(FailOnceAfterCheckpoint(marker, min_records=1000)).set_parallelism(p)
+        .filter(lambda f: False),
+        late_windows,
+        late_windows.get_side_output(LATE).map(lambda f: ("late", f[2], f[4])),
+        source.window_all(TumblingEventTimeWindows.of(Time.days(1)))
+        .allowed_lateness(30 * DAY_MS).process(AllWindowCount()),
+        by_origin.window(TumblingProcessingTimeWindows.of(Time.milliseconds(300)))
+        .process(WindowCount("processing")).set_parallelism(p),
+    ]
+    return outputs[0].union(*outputs[1:]).map(repr, Types.STRING())
+
+
+def test_switched_windows_with_lateness_window_all_and_processing_time(switched, tmp_path):
+    """Late data with allowed lateness, `window_all` and processing-time windows, switched,
+    with a failure after a checkpoint. Periodic watermarks make which flights are late
+    depend on timing, so invariants are checked: every flight is counted once, either in
+    the last firing of its hourly window or in the late-data side output; `window_all`
+    (lateness longer than the data) counts every flight in its day; processing-time windows
+    count no origin's flight twice (windows still open when the bounded input ends never
+    fire: Flink fires no processing-time timer after the end of input)."""
+    flights = load_flights(4000)
+    marker = tmp_path / "failed.txt"
+    outputs = run(flights, {**switched, "pipeline.auto-watermark-interval": "20"},
+                  str(marker), build=build_timing_job)
+    assert marker.exists(), "the injected failure did not happen"
+
+    expected_hourly = Counter((f[2], f[4] // HOUR_MS * HOUR_MS) for f in flights)
+    last_firing: dict[tuple[str, int], int] = {}
+    for out in outputs:
+        if out[0] == "hourly":
+            window = (out[1], out[2])
+            last_firing[window] = max(last_firing.get(window, 0), out[3])
+    late = Counter((o[1], o[2] // HOUR_MS * HOUR_MS) for o in outputs if o[0] == "late")
+    assert Counter(last_firing) + late == expected_hourly
+
+    expected_daily = Counter(f[4] // DAY_MS * DAY_MS for f in flights)
+    daily: dict[int, int] = {}
+    for out in outputs:
+        if out[0] == "all":
+            daily[out[2]] = max(daily.get(out[2], 0), out[3])
+    assert Counter(daily) == expected_daily
+
+    processing = Counter()
+    for out in outputs:
+        if out[0] == "processing":
+            processing[out[1]] += out[3]
+    per_origin = Counter(f[2] for f in flights)
+    assert processing and all(processing[o] <= n for o, n in per_origin.items()), processing

@@ -289,4 +289,4 @@ def entry_prefix(ukey: bytes) -> bytes:
     if rest[:1] != NAMESPACE_TAG:
         return key
     _, pos = _decode(rest, 1)
-    return key + rest[:pos + 1]
+    return key + rest[:pos]

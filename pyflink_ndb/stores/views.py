@@ -139,9 +139,11 @@ def views_sql(store: StateStore, indexed: bool | None = None) -> list[str]:
     parameters.
 
     :param indexed: the state table has the indexed `kjson_key` column (see
-        :func:`pyflink_ndb.stores.mysql.kjson_index_ddl`): the view's `kjson` comes from
-        it where the key's JSON fits (at most :data:`~pyflink_ndb.stores.mysql.KJSON_KEY_CHARS`
-        characters), so that `WHERE kjson = ...` is an index lookup. None: ask the store.
+        :data:`pyflink_ndb.stores.mysql.KJSON_KEY_COLUMN`): the view's `kjson` is that
+        column, so that `WHERE kjson = ...` is an index lookup (NULL for a key whose JSON
+        is longer than :data:`~pyflink_ndb.stores.mysql.KJSON_KEY_CHARS` characters);
+        without it `kjson` is the JSON column (such lookups read the table). None: ask the
+        store (:func:`has_kjson_index`).
     """
     if indexed is None:
         indexed = has_kjson_index(store)

@@ -1,0 +1,167 @@
+"""The job-wide switch picks the right operators when the job is built (issue 11).
+
+Builds jobs on a real PyFlink environment (the JVM gateway, no job runs) and checks which
+Java operator each call produced: the bridge's with `state.backend.ndb.enabled: true` for
+every keyed operator that can hold keyed state, PyFlink's own otherwise. What the switched
+operators compute is tests/test_switch_flink.py's job.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+from pyflink.common import Configuration, Time, Types
+from pyflink.datastream import (
+    FilterFunction,
+    KeyedProcessFunction,
+    MapFunction,
+    ProcessFunction,
+    RuntimeContext,
+    StreamExecutionEnvironment,
+)
+from pyflink.datastream.functions import CoMapFunction
+from pyflink.datastream.state import ValueStateDescriptor
+from pyflink.datastream.window import EventTimeSessionWindows, TumblingEventTimeWindows
+
+import pyflink_ndb  # noqa: F401  (installs the switch)
+from pyflink_ndb import _pyflink
+from pyflink_ndb.api import switch
+from pyflink_ndb.errors import ConfigurationError
+
+pytestmark = pytest.mark.flink
+
+NDB = "io.pyflinkndb.bridge."
+EMBEDDED = "org.apache.flink.streaming.api.operators.python.embedded."
+
+
+class WithState(MapFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.seen = runtime_context.get_state(ValueStateDescriptor("seen", Types.LONG()))
+
+    def map(self, value: Any) -> Any:
+        return value
+
+
+class Stateless(FilterFunction):
+    def filter(self, value: Any) -> bool:
+        return True
+
+
+class CoWithState(CoMapFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.seen = runtime_context.get_state(ValueStateDescriptor("seen", Types.LONG()))
+
+    def map1(self, value: Any) -> Any:
+        return value
+
+    def map2(self, value: Any) -> Any:
+        return value
+
+
+class Process(KeyedProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.seen = runtime_context.get_state(ValueStateDescriptor("seen", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value
+
+
+class ProcessWithoutOpen(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value
+
+
+class PlainProcess(ProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        pass
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value
+
+
+def environment(**keys: str) -> StreamExecutionEnvironment:
+    config = Configuration()
+    config.set_string("python.execution-mode", keys.pop("mode", "thread"))
+    config.set_string("python.executable", sys.executable)
+    for key, value in keys.items():
+        config.set_string(key, value)
+    return StreamExecutionEnvironment.get_execution_environment(config)
+
+
+def operator_class(stream: Any) -> str:
+    transformation = stream._j_data_stream.getTransformation()
+    return str(transformation.getOperatorFactory().getOperator().getClass().getName())
+
+
+def build_all(env: StreamExecutionEnvironment) -> dict[str, str]:
+    source = env.from_collection([("a", 1)], Types.TUPLE([Types.STRING(), Types.INT()]))
+    keyed = source.key_by(lambda v: v[0])
+    streams = {
+        "map with open": keyed.map(WithState()),
+        "lambda map": keyed.map(lambda v: v),
+        "filter without open": keyed.filter(Stateless()),
+        "reduce": keyed.reduce(lambda a, b: a),
+        "process": keyed.process(Process()),
+        "process without open": keyed.process(ProcessWithoutOpen()),
+        "tumbling window": keyed.window(TumblingEventTimeWindows.of(Time.hours(1)))
+        .reduce(lambda a, b: a),
+        "session window": keyed.window(EventTimeSessionWindows.with_gap(Time.hours(1)))
+        .reduce(lambda a, b: a),
+        "keyed connect map": keyed.connect(source.key_by(lambda v: v[0])).map(CoWithState()),
+        "non-keyed process": source.process(PlainProcess()),
+    }
+    return {name: operator_class(stream) for name, stream in streams.items()}
+
+
+def test_the_switch_on_puts_every_keyed_operator_with_state_on_the_bridge():
+    classes = build_all(environment(**{"state.backend.ndb.enabled": "true"}))
+    assert classes == {
+        "map with open": NDB + "NdbKeyedProcessOperator",
+        "lambda map": EMBEDDED + "EmbeddedPythonKeyedProcessOperator",
+        "filter without open": EMBEDDED + "EmbeddedPythonKeyedProcessOperator",
+        "reduce": NDB + "NdbKeyedProcessOperator",
+        "process": NDB + "NdbKeyedProcessOperator",
+        "process without open": EMBEDDED + "EmbeddedPythonKeyedProcessOperator",
+        "tumbling window": NDB + "NdbWindowOperator",
+        "session window": NDB + "NdbWindowOperator",
+        "keyed connect map": NDB + "NdbKeyedCoProcessOperator",
+        "non-keyed process": EMBEDDED + "EmbeddedPythonProcessOperator",
+    }
+
+
+def test_the_switch_off_leaves_every_operator_to_pyflink():
+    for keys in ({}, {"state.backend.ndb.enabled": "false"}):
+        classes = build_all(environment(**keys))
+        assert not any(name.startswith(NDB) for name in classes.values()), classes
+
+
+def test_the_switch_in_process_mode_is_a_configuration_error():
+    env = environment(mode="process", **{"state.backend.ndb.enabled": "true"})
+    keyed = env.from_collection([1], Types.INT()).key_by(lambda v: v)
+    with pytest.raises(ConfigurationError, match="python.execution-mode"):
+        keyed.map(WithState())
+
+
+def test_installing_twice_keeps_pyflinks_originals():
+    from pyflink.datastream import data_stream
+
+    first = data_stream._pyflink_ndb_originals
+    switch.install()
+    assert data_stream._pyflink_ndb_originals is first
+    assert first[0].__module__ == "pyflink.datastream.data_stream"
+
+
+def test_reduce_state_names_are_pinned_against_pyflinks_fresh_uuid():
+    import inspect
+
+    from pyflink.datastream import data_stream
+
+    source = inspect.getsource(data_stream.KeyedStream.reduce)
+    assert '"_reduce_state" + str(uuid.uuid4())' in source
+    import uuid
+
+    assert _pyflink.stable_state_name("_reduce_state" + str(uuid.uuid4())) == "_reduce_state"
+    assert _pyflink.stable_state_name("_reduce_state_mine") == "_reduce_state_mine"
+    assert _pyflink.stable_state_name("count") == "count"
