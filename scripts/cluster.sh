@@ -42,9 +42,12 @@
 # only a pointer to it is kept in ZooKeeper), high-availability.zookeeper.quorum, a
 # cluster-id per cluster; "Bootstrap ZooKeeper": Flink's helper scripts start a simple
 # ZooKeeper from conf/zoo.cfg (production setups should manage their own). And
-# "Standalone", "High-Availability with Standalone"
-# (https://nightlies.apache.org/flink/flink-docs-release-1.20/docs/deployment/resource-providers/standalone/overview/):
-# conf/masters, and a JobManager (re)started with jobmanager.sh joins as leader or standby.
+# "Standalone", "Setting up High-Availability"
+# (https://nightlies.apache.org/flink/flink-docs-release-1.20/docs/deployment/resource-providers/standalone/overview/#setting-up-high-availability):
+# the ZooKeeper HA services, conf/masters (start-cluster.sh starts a JobManager per line;
+# here one, and `jobmanager start` another after a kill, which the leader election makes
+# the leader); under HA the JobManager picks a random RPC port (FLINK_RPC_PORT is unused:
+# ZooKeeper tells the TaskManagers and the client where the leader is).
 #
 # Environment: VENV (default .venv; a virtualenv the wheel was installed into works too), CLUSTER_DIR (var/cluster), FLINK_REST_PORT (8081),
 # FLINK_RPC_PORT (6123), FLINK_TASK_SLOTS (as in flink-conf/flink-conf.yaml),
