@@ -112,8 +112,8 @@ def hook_timer_keys(operation: Any, set_key: Any) -> bool:
     `get_current_key()` reads the firing timer's key from Java. Returns False (nothing
     changed) when the operation does not have that shape.
     """
-    main = getattr(operation, "_main_operation", None)
-    on_timer = getattr(main, "_on_timer_func", None)
+    main: Any = getattr(operation, "_main_operation", None)
+    on_timer: Any = getattr(main, "_on_timer_func", None)
     cells = getattr(on_timer, "__closure__", None) or ()
     contexts = [c.cell_contents for c in cells
                 if callable(getattr(c.cell_contents, "get_current_key", None))]

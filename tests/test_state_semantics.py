@@ -12,7 +12,6 @@ import pytest
 from pyflink.common.time import Time
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.functions import AggregateFunction
-from pyflink.datastream.window import CountWindow, GlobalWindow, TimeWindow
 from pyflink.datastream.state import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -21,6 +20,7 @@ from pyflink.datastream.state import (
     StateTtlConfig,
     ValueStateDescriptor,
 )
+from pyflink.datastream.window import CountWindow, GlobalWindow, TimeWindow
 
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import SerializationError, ValueTooLargeError

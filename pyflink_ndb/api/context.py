@@ -26,7 +26,6 @@ from pyflink_ndb.state import (
 )
 from pyflink_ndb.state.base import TieredState
 
-
 #: The tiered state class of each kind of PyFlink descriptor.
 STATE_CLASSES: dict[type, type[TieredState]] = {
     ValueStateDescriptor: TieredValueState,

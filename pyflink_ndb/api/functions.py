@@ -129,8 +129,8 @@ class TieredWindowFunction(_TieredFunction, InternalWindowFunction):
         if not _pyflink.route_keyed_state(runtime_context, states.get):
             raise ConfigurationError(
                 "pyflink-ndb could not reach the keyed state of PyFlink's window operation "
-                "(this apache-flink version is not supported: see README, \"Supported "
-                "versions\"). Turn state.backend.ndb.enabled off for this job.")
+                "(this apache-flink version is not supported: see README, \"Install from a "
+                "wheel\": Flink 1.20). Turn state.backend.ndb.enabled off for this job.")
         self._backend.timer_keys_from_context = True
         self.function.open(runtime_context)
 

@@ -246,7 +246,8 @@ class SubtaskStateBackend:
             raise ConfigurationError(
                 "pyflink-ndb could not hook the records and timers of PyFlink's window "
                 "operation (this apache-flink version is not supported: see README, "
-                "\"Supported versions\"). Turn state.backend.ndb.enabled off for this job.")
+                "\"Install from a wheel\": Flink 1.20). Turn state.backend.ndb.enabled "
+                "off for this job.")
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
         """Flink's synchronous phase: freeze the dirty delta as checkpoint `checkpoint_id`
