@@ -82,7 +82,7 @@ bench: venv jar db
 # Fault injection, the long variant: 200+ faults (crashes inside the protocol, bad records,
 # database kills, outages of 10 s and 60 s, locks and deadlocks, TaskManager kill -9 and
 # zombies on a two-TaskManager cluster, JobManager kill -9 with ZooKeeper HA, rescale
-# 2→3→1); 25-35 minutes here. Writes
+# 2→3→1); about 30 minutes here. Writes
 # tests/faults/results.md (see README, "Fault injection"). Not part of `make test`, which
 # runs the quick variant (tests/test_faults.py).
 faults: venv jar db

@@ -4,7 +4,7 @@ every step of the protocol and bad records (MiniCluster), the database killed, a
 past the heartbeat timeout, the JobManager killed (ZooKeeper HA: a new JobManager
 recovers the job), rescale 2→3→1 with a crash (standalone cluster with two
 TaskManagers). Every run ends with its committed state compared with the model: 0 lost,
-0 doubled, every fault recovered without operator action. About 5-7 minutes here.
+0 doubled, every fault recovered without operator action. About 6 minutes here.
 
 The JobManager kill needs no ZooKeeper installed: scripts/cluster.sh (FLINK_HA=zookeeper)
 runs the ZooKeeper server that the apache-flink wheel bundles (flink-dist, Flink's
