@@ -247,6 +247,19 @@ def test_the_view_by_primary_key_returns_the_committed_entry(cur, model: Model):
     ((kind, mkey, vjson, _),) = fetch(cur, sql, [OPERATOR, "visits", local_key_group(key),
                                                  encode_key(key) + encode_map_key("cart")])
     assert (kind, json.loads(mkey), json.loads(vjson)) == ("map", "cart", 1)
+    # The leaner view of stored entry rows answers the same, by primary key and by key.
+    rows_pk, rows_key = (views.rows_point_read_query(model.namespace),
+                         views.rows_key_query(model.namespace))
+    for key in sample():
+        rows = fetch(cur, rows_pk, [OPERATOR, "profile", local_key_group(key), encode_key(key)])
+        assert [json.loads(r[1]) for r in rows] == ([] if key == DELETED
+                                                     else [model.profile[key]])
+        by_state: dict[str, list[Any]] = {}
+        for state, _ukey, vjson, *_ in fetch(cur, rows_key, [OPERATOR, json.dumps(key)]):
+            by_state.setdefault(state, []).append(None if vjson is None else json.loads(vjson))
+        assert sorted(by_state["visits"]) == sorted(model.visits[key].values())
+        assert by_state.get("profile") == ([model.profile[key]] if key in model.profile
+                                           else None)
 
 
 def by_key(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, Any], Any]:
@@ -321,6 +334,10 @@ def test_explain_shows_index_lookups_for_the_documented_reads(cur, model: Model)
     # The entry rows are found through the kjson index (the others are the newest-version
     # check and a list's segments, by primary key).
     assert view_key[0]["key"] == "ix_kjson"
+    for sql, params in ((views.rows_point_read_query(model.namespace),
+                         [OPERATOR, "profile", kg, ukey]),
+                        (views.rows_key_query(model.namespace), [OPERATOR, json.dumps(key)])):
+        assert_indexed(state_table_access(cur, sql, params))
     # `key_text` has no index: the view reads the table, or every row of the operator's
     # states through `ix_cleanup` (what README says).
     text = views.view_key_query(model.namespace).replace("kjson = %s", "key_text = %s")
