@@ -270,6 +270,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         the checkpoint and aborts it everywhere; the job goes on, and the next checkpoint
         must hold everything (the failed epoch's entries went back)."""
         victim = self.op.subtasks[index % len(self.op.subtasks)]
+        # A garbage-collection pass still running would hit the injected failure instead
+        # of this checkpoint's write (and make the coverage depend on timing).
+        victim.backend.protocol.writer.wait_idle(60)
         store = victim.backend.write_store or victim.backend.store
         real = store._executemany
         calls = {"n": 0}
