@@ -270,6 +270,11 @@ class ProtocolMachine(RuleBasedStateMachine):
         the checkpoint and aborts it everywhere; the job goes on, and the next checkpoint
         must hold everything (the failed epoch's entries went back)."""
         victim = self.op.subtasks[index % len(self.op.subtasks)]
+        # The victim gets something to write (else its checkpoint simply succeeds): the
+        # coverage of this rule must not depend on which examples Hypothesis draws.
+        own = [k for k in KEYS if self.op.route(k)[0] is victim]
+        if own:
+            self.operate([("value_update", own[0], index)])
         # A garbage-collection pass still running would hit the injected failure instead
         # of this checkpoint's write (and make the coverage depend on timing).
         victim.backend.protocol.writer.wait_idle(60)
