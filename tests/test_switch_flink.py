@@ -235,6 +235,22 @@ class DailyWithWindowState(ProcessWindowFunction):
         context.window_state().get_state(ValueStateDescriptor("fired", Types.LONG())).clear()
 
 
+def flight_source(env: StreamExecutionEnvironment, flights: list[Any],
+                  throttle: MapFunction | None = None) -> Any:
+    """`flights` as a stream with event time (stateless, parallelism 1): a replayable
+    source (FLIP-27, its position is checkpointed; `from_collection` starts again from
+    the first element after a restore), optionally slowed by the `throttle` map."""
+    index = env.from_source(NumberSequenceSource(0, len(flights) - 1),
+                            WatermarkStrategy.no_watermarks(), "flight numbers") \
+        .uid("flight-numbers")
+    if throttle is not None:
+        index = index.map(throttle)
+    return index.map(FlightAt(flights), FLIGHT_TYPE) \
+        .assign_timestamps_and_watermarks(
+            WatermarkStrategy.for_monotonous_timestamps()
+            .with_timestamp_assigner(DepartureTime()))
+
+
 def build_job(env: StreamExecutionEnvironment, flights: list[Any], marker: str | None) -> Any:
     """The user's job: ordinary PyFlink calls only (plus the failure injection).
 
@@ -243,14 +259,7 @@ def build_job(env: StreamExecutionEnvironment, flights: list[Any], marker: str |
     (a rebalance from 1 to 2 subtasks before a `key_by` would interleave two paths).
     """
     p = PARALLELISM
-    # A replayable source (FLIP-27, its position is checkpointed): `from_collection`
-    # starts again from the first element after a restore.
-    index = env.from_source(NumberSequenceSource(0, len(flights) - 1),
-                            WatermarkStrategy.no_watermarks(), "flight numbers")
-    source = index.map(FlightAt(flights), FLIGHT_TYPE) \
-        .assign_timestamps_and_watermarks(
-            WatermarkStrategy.for_monotonous_timestamps()
-            .with_timestamp_assigner(DepartureTime()))
+    source = flight_source(env, flights)
     by_origin = source.key_by(lambda f: f[2], key_type=Types.STRING())
     by_carrier = source.key_by(lambda f: f[0], key_type=Types.STRING())
     by_tail = source.key_by(lambda f: f[1], key_type=Types.STRING())
@@ -387,12 +396,7 @@ def build_timing_job(env: StreamExecutionEnvironment, flights: list[Any],
     """Windows whose firings depend on timing (periodic watermarks, processing time);
     checked by invariants that hold whatever the timing."""
     p = PARALLELISM
-    index = env.from_source(NumberSequenceSource(0, len(flights) - 1),
-                            WatermarkStrategy.no_watermarks(), "flight numbers")
-    source = index.map(FlightAt(flights), FLIGHT_TYPE) \
-        .assign_timestamps_and_watermarks(
-            WatermarkStrategy.for_monotonous_timestamps()
-            .with_timestamp_assigner(DepartureTime()))
+    source = flight_source(env, flights)
     by_tail = source.key_by(lambda f: f[1], key_type=Types.STRING())
     by_origin = source.key_by(lambda f: f[2], key_type=Types.STRING())
     late_windows = by_origin.window(TumblingEventTimeWindows.of(Time.hours(1))) \

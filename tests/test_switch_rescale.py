@@ -36,9 +36,8 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from pyflink.common import Configuration, Time, Types, WatermarkStrategy
+from pyflink.common import Configuration, Time, Types
 from pyflink.datastream import CheckpointingMode, MapFunction, StreamExecutionEnvironment
-from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import SinkFunction
 from pyflink.datastream.window import (
     EventTimeSessionWindows,
@@ -46,18 +45,16 @@ from pyflink.datastream.window import (
     TumblingEventTimeWindows,
 )
 from test_switch_flink import (
-    FLIGHT_TYPE,
     AirportTraffic,
     AverageDelay,
     CountPerOrigin,
     DailyWithWindowState,
-    DepartureTime,
     DestinationsPerOrigin,
     FirstFlightOfAircraft,
-    FlightAt,
     FlightsPerDay,
     SessionSummary,
     SlidingResult,
+    flight_source,
     load_flights,
 )
 
@@ -95,13 +92,7 @@ def build_rescale_job(env: StreamExecutionEnvironment, flights: list[Any], p: in
     """The job of `test_switch_flink.build_job` (without its failure injection), keyed
     operators at parallelism `p`, stateless ones at 1, every stateful operator with a
     uid (stable across the restore)."""
-    index = env.from_source(NumberSequenceSource(0, len(flights) - 1),
-                            WatermarkStrategy.no_watermarks(), "flight numbers") \
-        .uid("flight-numbers")
-    source = index.map(Throttle(per_record_ms)).map(FlightAt(flights), FLIGHT_TYPE) \
-        .assign_timestamps_and_watermarks(
-            WatermarkStrategy.for_monotonous_timestamps()
-            .with_timestamp_assigner(DepartureTime()))
+    source = flight_source(env, flights, Throttle(per_record_ms))
     by_origin = source.key_by(lambda f: f[2], key_type=Types.STRING())
     by_carrier = source.key_by(lambda f: f[0], key_type=Types.STRING())
     by_tail = source.key_by(lambda f: f[1], key_type=Types.STRING())

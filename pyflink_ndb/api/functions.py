@@ -54,9 +54,13 @@ class _TieredFunction:
             self._logged.add(kind)
             log.error("pyflink-ndb: the job failed on its tiered state: %s: %s", kind, err)
 
-    def open(self, runtime_context: RuntimeContext) -> None:
+    def _claim(self, runtime_context: RuntimeContext) -> None:
+        """Take the backend the bridge bound on this thread; register its metrics."""
         self._backend = claim_bound_backend()
         self._backend.metrics = register_metrics(runtime_context, self._backend)
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self._claim(runtime_context)
         self.function.open(TieredRuntimeContext(runtime_context, self._backend))
 
     def close(self) -> None:
@@ -70,13 +74,16 @@ class _TieredFunction:
         self._backend.set_current_key(ctx.get_current_key())
         return self._call(self.function.on_timer, timestamp, ctx)
 
-    def _call(self, method: Any, value: Any, ctx: Any) -> Any:
+    def _invoke(self, method: Any, *args: Any) -> Any:
+        """`method(*args)`, an NdbStateError logged once."""
         try:
-            result = method(value, ctx)
+            return method(*args)
         except NdbStateError as err:
             self._log_once(err)
             raise
-        return self._guard(result)
+
+    def _call(self, method: Any, value: Any, ctx: Any) -> Any:
+        return self._guard(self._invoke(method, value, ctx))
 
 
 class TieredKeyedProcessFunction(_TieredFunction, KeyedProcessFunction):
@@ -123,8 +130,7 @@ class TieredWindowFunction(_TieredFunction, InternalWindowFunction):
         return wrapped
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        self._backend = claim_bound_backend()
-        self._backend.metrics = register_metrics(runtime_context, self._backend)
+        self._claim(runtime_context)
         states = TieredStates(self._backend)
         if not _pyflink.route_keyed_state(runtime_context, states.get):
             raise ConfigurationError(
@@ -135,15 +141,8 @@ class TieredWindowFunction(_TieredFunction, InternalWindowFunction):
         self.function.open(runtime_context)
 
     def process(self, key: Any, window: Any, context: Any, input_data: Any) -> Any:
-        try:
-            return list(self._guard(self.function.process(key, window, context, input_data)))
-        except NdbStateError as err:
-            self._log_once(err)
-            raise
+        return list(self._guard(
+            self._invoke(self.function.process, key, window, context, input_data)))
 
     def clear(self, window: Any, context: Any) -> None:
-        try:
-            self.function.clear(window, context)
-        except NdbStateError as err:
-            self._log_once(err)
-            raise
+        self._invoke(self.function.clear, window, context)

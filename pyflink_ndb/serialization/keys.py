@@ -56,6 +56,9 @@ _WINDOW_TYPE_NAMES = frozenset(("TimeWindow", "CountWindow", "GlobalWindow"))
 
 
 def _window_fields(value: Any) -> tuple[Any, ...] | None:
+    """The fields of a PyFlink window, or None for any other value."""
+    if type(value).__name__ not in _WINDOW_TYPE_NAMES:
+        return None
     from pyflink.datastream.window import CountWindow, GlobalWindow, TimeWindow
 
     if type(value) is TimeWindow:
@@ -119,9 +122,9 @@ def _encode(value: Any, out: bytearray) -> None:
     elif isinstance(value, _SCALAR_PICKLE_TYPES):
         raw = pickle.dumps(value, protocol=4)
         out += b"p" + _varint(len(raw)) + raw
-    elif type(value).__name__ in _WINDOW_TYPE_NAMES and _window_fields(value) is not None:
+    elif (fields := _window_fields(value)) is not None:
         out += b"W"
-        _encode(_window_fields(value), out)
+        _encode(fields, out)
     else:
         raise SerializationError(
             f"Cannot use a value of type {type(value).__name__} as a state key: supported are "
@@ -274,12 +277,15 @@ def encode_namespace(namespace: Any) -> bytes:
     """
     if namespace is None:
         return b""
-    if _window_fields(namespace) is None:
+    fields = _window_fields(namespace)
+    if fields is None:
         raise SerializationError(
             f"Cannot use a namespace of type {type(namespace).__name__} in tiered state: "
             "supported are PyFlink's TimeWindow, CountWindow and GlobalWindow. Use one of "
             "PyFlink's window assigners, or keep this operator on Flink's own state.")
-    return NAMESPACE_TAG + encode_key(namespace)
+    out = bytearray(NAMESPACE_TAG + b"W")   # NAMESPACE_TAG + encode_key(namespace)
+    _encode(fields, out)
+    return bytes(out)
 
 
 def entry_prefix(ukey: bytes) -> bytes:
