@@ -53,22 +53,29 @@ def python_function_info(func: Any, func_type: int) -> Any:
 
 
 def function_types() -> Any:
-    """PyFlink's `UserDefinedDataStreamFunction` enum (KEYED_PROCESS, KEYED_CO_PROCESS)."""
+    """PyFlink's `UserDefinedDataStreamFunction` enum (KEYED_PROCESS, KEYED_CO_PROCESS,
+    KEYED_CO_BROADCAST_PROCESS, WINDOW)."""
     from pyflink.fn_execution.flink_fn_execution_pb2 import UserDefinedDataStreamFunction
 
     return UserDefinedDataStreamFunction
 
 
-def hook_record_keys(operation: Any, set_key: Any) -> bool:
+def hook_record_keys(operation: Any, set_key: Any, *,
+                     second_input_keyed: bool = True) -> bool:
     """Call `set_key(record[0])` before each record of a keyed function operation.
 
     PyFlink's embedded keyed operations receive `(key, value)` rows and pass `value` to the
     user function; reading the key here saves a call into Java per record. Returns False
     (nothing changed) when the operation does not have the expected shape.
+
+    :param second_input_keyed: False for a keyed broadcast operation, whose second
+        (broadcast) input passes its records unkeyed (`KEYED_CO_BROADCAST_PROCESS` in
+        `fn_execution/datastream/embedded/operations.py`): its records are not hooked.
     """
     main = getattr(operation, "_main_operation", None)
-    names = [n for n in ("_process_element_func", "_process_element_func1",
-                         "_process_element_func2") if callable(getattr(main, n, None))]
+    candidates = ("_process_element_func", "_process_element_func1") + (
+        ("_process_element_func2",) if second_input_keyed else ())
+    names = [n for n in candidates if callable(getattr(main, n, None))]
     if not names:
         return False
     for name in names:
@@ -129,16 +136,22 @@ def hook_timer_keys(operation: Any, set_key: Any) -> bool:
     return True
 
 
-def install_operator_factories(one_input: Any, two_input: Any) -> tuple[Any, Any]:
+def install_operator_factories(one_input: Any, two_input: Any,
+                               keyed_broadcast: Any) -> tuple[Any, Any, Any]:
     """Replace PyFlink's builders of Java Python-function operators
     (`pyflink.datastream.data_stream._get_one_input_stream_operator` /
     `_get_two_input_stream_operator`, which every `DataStream`/`KeyedStream`/
-    `WindowedStream`/`ConnectedStreams` call that runs a Python function goes through).
+    `WindowedStream`/`ConnectedStreams` call that runs a Python function goes through) and
+    `BroadcastConnectedStream.process` (which builds a `PythonKeyedBroadcastStateTransformation`
+    that Flink's Java translator, `PythonKeyedBroadcastStateTransformationTranslator`, turns
+    into an `EmbeddedPythonKeyedCoProcessOperator` in streaming mode).
 
     :param one_input: called as `one_input(original, data_stream, func, func_type,
         output_type)`.
     :param two_input: called as `two_input(original, connected_streams, func, func_type,
         type_info)`.
+    :param keyed_broadcast: called as `keyed_broadcast(original, broadcast_connected_stream,
+        func, output_type)`.
     :returns: PyFlink's originals. Installing twice keeps the first originals.
     """
     from pyflink.datastream import data_stream
@@ -146,9 +159,10 @@ def install_operator_factories(one_input: Any, two_input: Any) -> tuple[Any, Any
     originals = getattr(data_stream, "_pyflink_ndb_originals", None)
     if originals is None:
         originals = (data_stream._get_one_input_stream_operator,
-                     data_stream._get_two_input_stream_operator)
+                     data_stream._get_two_input_stream_operator,
+                     data_stream.BroadcastConnectedStream.process)
         data_stream._pyflink_ndb_originals = originals
-    one, two = originals
+    one, two, broadcast = originals
 
     def one_input_operator(*args: Any, **kwargs: Any) -> Any:
         return one_input(one, *args, **kwargs)
@@ -156,9 +170,22 @@ def install_operator_factories(one_input: Any, two_input: Any) -> tuple[Any, Any
     def two_input_operator(*args: Any, **kwargs: Any) -> Any:
         return two_input(two, *args, **kwargs)
 
+    def broadcast_process(self: Any, func: Any, output_type: Any = None) -> Any:
+        return keyed_broadcast(broadcast, self, func, output_type)
+
+    broadcast_process.__doc__ = broadcast.__doc__
     data_stream._get_one_input_stream_operator = one_input_operator
     data_stream._get_two_input_stream_operator = two_input_operator
+    data_stream.BroadcastConnectedStream.process = broadcast_process
     return originals
+
+
+def broadcast_parts(connected: Any) -> tuple[Any, Any]:
+    """(the non-broadcast stream, the broadcast-partitioned Java DataStream) of a PyFlink
+    `BroadcastConnectedStream`; `DataStream.broadcast(descriptor)` keeps the partitioned
+    stream as the `BroadcastStream`'s `input_stream`."""
+    return (connected.non_broadcast_stream,
+            j_data_stream(connected.broadcast_stream.input_stream))
 
 
 def input_type_of(stream: Any) -> Any:

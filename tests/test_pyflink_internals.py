@@ -72,6 +72,43 @@ def test_record_keys_are_seen_before_both_inputs():
     assert seen_keys == ["a", "b"]
 
 
+def test_the_broadcast_input_of_a_keyed_broadcast_operation_is_not_hooked():
+    seen_keys = []
+    main = _TwoInput()
+    original = main._process_element_func2
+    assert _pyflink.hook_record_keys(_Operation(main), seen_keys.append,
+                                     second_input_keyed=False)
+    main._process_element_func1(("a", 1))
+    assert main._process_element_func2 is original
+    assert seen_keys == ["a"]
+
+
+def test_keyed_broadcast_operations_pass_broadcast_records_unkeyed():
+    # KEYED_CO_BROADCAST_PROCESS: keyed (key, value) rows on input 1, plain values on 2.
+    source = _embedded_source("fn_execution/datastream/embedded/operations.py")
+    branch = source[source.index("func_type == UserDefinedDataStreamFunction."
+                                 "KEYED_CO_BROADCAST_PROCESS"):]
+    branch = branch[:branch.index("elif func_type")]
+    assert "process_element(value[1], read_only_broadcast_ctx)" in branch
+    assert "process_broadcast_element(value, broadcast_ctx)" in branch
+    assert "runtime_context.set_keyed_state_backend(keyed_state_backend)" in branch
+
+
+def test_keyed_broadcast_process_is_built_from_these_parts():
+    import inspect
+
+    from pyflink.datastream import data_stream
+
+    process = data_stream._pyflink_ndb_originals[2]
+    source = inspect.getsource(process)
+    assert "PythonKeyedBroadcastStateTransformation" in source
+    assert "KEYED_CO_BROADCAST_PROCESS" in source
+    assert "self.broadcast_stream.input_stream._j_data_stream" in source
+    assert "self.non_broadcast_stream._j_data_stream.getKeySelector()" in source
+    broadcast = inspect.getsource(data_stream.DataStream.broadcast)
+    assert "BroadcastStream(cast(DataStream, self.broadcast())" in broadcast
+
+
 def test_unknown_operation_shape_is_left_alone():
     assert not _pyflink.hook_record_keys(object(), lambda key: None)
 

@@ -15,6 +15,7 @@ import pytest
 from pyflink.common import Configuration, Time, Types
 from pyflink.datastream import (
     FilterFunction,
+    KeyedBroadcastProcessFunction,
     KeyedProcessFunction,
     MapFunction,
     ProcessFunction,
@@ -22,7 +23,7 @@ from pyflink.datastream import (
     StreamExecutionEnvironment,
 )
 from pyflink.datastream.functions import CoMapFunction
-from pyflink.datastream.state import ValueStateDescriptor
+from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 from pyflink.datastream.window import EventTimeSessionWindows, TumblingEventTimeWindows
 
 import pyflink_ndb  # noqa: F401  (installs the switch)
@@ -34,6 +35,9 @@ pytestmark = pytest.mark.flink
 
 NDB = "io.pyflinkndb.bridge."
 EMBEDDED = "org.apache.flink.streaming.api.operators.python.embedded."
+#: What PyFlink builds for a keyed broadcast process (an operator only at submission).
+PYFLINK_BROADCAST = ("org.apache.flink.streaming.api.transformations.python."
+                     "PythonKeyedBroadcastStateTransformation")
 
 
 class WithState(MapFunction):
@@ -73,6 +77,28 @@ class ProcessWithoutOpen(KeyedProcessFunction):
         yield value
 
 
+class BroadcastWithState(KeyedBroadcastProcessFunction):
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.seen = runtime_context.get_state(ValueStateDescriptor("seen", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value
+
+    def process_broadcast_element(self, value: Any, ctx: Any) -> Any:
+        return []
+
+
+class BroadcastWithoutOpen(KeyedBroadcastProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value
+
+    def process_broadcast_element(self, value: Any, ctx: Any) -> Any:
+        return []
+
+
+RULES = MapStateDescriptor("rules", Types.STRING(), Types.INT())
+
+
 class PlainProcess(ProcessFunction):
     def open(self, runtime_context: RuntimeContext) -> None:
         pass
@@ -91,8 +117,14 @@ def environment(**keys: str) -> StreamExecutionEnvironment:
 
 
 def operator_class(stream: Any) -> str:
+    """The Java operator's class; for a transformation that Flink translates into an
+    operator only when the job is submitted (it holds a `DelegateOperator`), the
+    transformation's class."""
     transformation = stream._j_data_stream.getTransformation()
-    return str(transformation.getOperatorFactory().getOperator().getClass().getName())
+    name = str(transformation.getOperatorFactory().getOperator().getClass().getName())
+    if name.endswith("DelegateOperatorTransformation$DelegateOperator"):
+        return str(transformation.getClass().getName())
+    return name
 
 
 def build_all(env: StreamExecutionEnvironment) -> dict[str, str]:
@@ -110,6 +142,9 @@ def build_all(env: StreamExecutionEnvironment) -> dict[str, str]:
         "session window": keyed.window(EventTimeSessionWindows.with_gap(Time.hours(1)))
         .reduce(lambda a, b: a),
         "keyed connect map": keyed.connect(source.key_by(lambda v: v[0])).map(CoWithState()),
+        "keyed broadcast": keyed.connect(source.broadcast(RULES)).process(BroadcastWithState()),
+        "keyed broadcast without open": keyed.connect(source.broadcast(RULES))
+        .process(BroadcastWithoutOpen()),
         "non-keyed process": source.process(PlainProcess()),
     }
     return {name: operator_class(stream) for name, stream in streams.items()}
@@ -127,6 +162,8 @@ def test_the_switch_on_puts_every_keyed_operator_with_state_on_the_bridge():
         "tumbling window": NDB + "NdbWindowOperator",
         "session window": NDB + "NdbWindowOperator",
         "keyed connect map": NDB + "NdbKeyedCoProcessOperator",
+        "keyed broadcast": NDB + "NdbKeyedCoProcessOperator",
+        "keyed broadcast without open": PYFLINK_BROADCAST,
         "non-keyed process": EMBEDDED + "EmbeddedPythonProcessOperator",
     }
 
@@ -135,6 +172,23 @@ def test_the_switch_off_leaves_every_operator_to_pyflink():
     for keys in ({}, {"state.backend.ndb.enabled": "false"}):
         classes = build_all(environment(**keys))
         assert not any(name.startswith(NDB) for name in classes.values()), classes
+        assert classes["keyed broadcast"] == PYFLINK_BROADCAST
+
+
+def test_the_switched_broadcast_keeps_pyflinks_checks_and_partitioning():
+    env = environment(**{"state.backend.ndb.enabled": "true"})
+    source = env.from_collection([("a", 1)], Types.TUPLE([Types.STRING(), Types.INT()]))
+    with pytest.raises(TypeError, match="KeyedBroadcastProcessFunction should be applied"):
+        source.connect(source.broadcast(RULES)).process(BroadcastWithState())
+    stream = source.key_by(lambda v: v[0]).connect(source.broadcast(RULES)) \
+        .process(BroadcastWithState())
+    transformation = stream._j_data_stream.getTransformation()
+    # Keyed first input, broadcast-partitioned second input without a key selector.
+    assert transformation.getStateKeySelector1() is not None
+    assert transformation.getStateKeySelector2() is None
+    partitioner = transformation.getInput2().getPartitioner()
+    assert "BroadcastPartitioner" in str(partitioner.getClass().getName())
+    assert str(transformation.getName()) == "Keyed-Co-Process-Broadcast"
 
 
 def test_the_switch_in_process_mode_is_a_configuration_error():

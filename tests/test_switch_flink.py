@@ -15,6 +15,11 @@ restarts from it). Both runs must give the same outputs, pipeline by pipeline:
 * `session`: sessions of each aircraft with 3-hour gaps (`process`, merging windows,
   `global_state()`);
 * `daily`: flights per carrier per day (`apply`) and a `process` with `window_state()`;
+* `broadcast`: a `KeyedBroadcastProcessFunction` per origin with Value and List state and
+  a broadcast rule stream of delay thresholds (broadcast state, which stays in Flink); the
+  delays over each threshold are counted in an event-time timer, which fires at the end
+  of input, when every rule has arrived (a rule's arrival among the flights depends on
+  timing); flights over five hours late go to a side output;
 
 Stateless operators run at parallelism 1 and keyed ones at 2, so each key's records
 arrive in file order in both runs. Watermarks:
@@ -43,6 +48,7 @@ from pyflink.datastream import (
     CheckpointingMode,
     FilterFunction,
     FlatMapFunction,
+    KeyedBroadcastProcessFunction,
     MapFunction,
     OutputTag,
     ProcessWindowFunction,
@@ -52,7 +58,11 @@ from pyflink.datastream import (
 )
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import CoMapFunction, ProcessAllWindowFunction
-from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
+from pyflink.datastream.state import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
 from pyflink.datastream.window import (
     EventTimeSessionWindows,
     SlidingEventTimeWindows,
@@ -235,6 +245,49 @@ class DailyWithWindowState(ProcessWindowFunction):
         context.window_state().get_state(ValueStateDescriptor("fired", Types.LONG())).clear()
 
 
+#: The broadcast rules: delay thresholds in minutes, by name.
+DELAY_RULES = [("late", 15), ("very late", 60), ("stranded", 180)]
+RULES = MapStateDescriptor("delay-rules", Types.STRING(), Types.LONG())
+FIVE_HOURS_LATE = OutputTag("five-hours-late", Types.PICKLED_BYTE_ARRAY())
+
+
+class RuleAt(MapFunction):
+    def map(self, value: Any) -> Any:
+        return DELAY_RULES[value]
+
+
+class DelayAlerts(KeyedBroadcastProcessFunction):
+    """Per origin: a running count (Value state) and every delay (List state); at the end
+    of input (the event-time timer of the key's first flight), the delays over each rule's
+    threshold, rules from the broadcast state."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.flights = runtime_context.get_state(ValueStateDescriptor("flights", Types.LONG()))
+        self.delays = runtime_context.get_list_state(
+            ListStateDescriptor("delays", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        n = (self.flights.value() or 0) + 1
+        self.flights.update(n)
+        self.delays.add(value[5])
+        if n == 1:
+            ctx.timer_service().register_event_time_timer(value[4])
+        if n % 250 == 0:
+            yield ("broadcast", value[2], n)
+        if value[5] > 300:
+            yield FIVE_HOURS_LATE, ("broadcast-side", value[2], value[1], value[4])
+
+    def process_broadcast_element(self, value: Any, ctx: Any) -> Any:
+        ctx.get_broadcast_state(RULES).put(value[0], value[1])
+        return []
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Any:
+        delays = list(self.delays.get())
+        for name, threshold in sorted(ctx.get_broadcast_state(RULES).items()):
+            yield ("broadcast-alert", ctx.get_current_key(), name,
+                   sum(1 for d in delays if d > threshold), len(delays), self.flights.value())
+
+
 def flight_source(env: StreamExecutionEnvironment, flights: list[Any],
                   throttle: MapFunction | None = None) -> Any:
     """`flights` as a stream with event time (stateless, parallelism 1): a replayable
@@ -289,7 +342,18 @@ def build_job(env: StreamExecutionEnvironment, flights: list[Any], marker: str |
         by_carrier.window(TumblingEventTimeWindows.of(Time.days(1)))
         .process(DailyWithWindowState()).set_parallelism(p),
     ]
+    alerts = by_origin.connect(rule_source(env).broadcast(RULES)).process(DelayAlerts()) \
+        .set_parallelism(p)
+    outputs += [alerts, alerts.get_side_output(FIVE_HOURS_LATE)]
     return outputs[0].union(*outputs[1:]).map(repr, Types.STRING())
+
+
+def rule_source(env: StreamExecutionEnvironment) -> Any:
+    """:data:`DELAY_RULES` as a replayable stream without watermarks (its only one is the
+    end of input, so the broadcast operator's event time waits for every rule)."""
+    return env.from_source(NumberSequenceSource(0, len(DELAY_RULES) - 1),
+                           WatermarkStrategy.no_watermarks(), "delay rules") \
+        .uid("delay-rules").map(RuleAt(), Types.TUPLE([Types.STRING(), Types.LONG()]))
 
 
 def run(flights: list[Any], extra: dict[str, str], marker: str | None = None,
@@ -342,7 +406,9 @@ def test_switched_job_equals_pyflink_state_after_a_failure(switched, heap_output
     flights, heap_all = heap_outputs
     kinds = Counter(out[0] for out in heap_all.elements())
     assert set(kinds) == {"reduce", "map", "flat_map", "filter", "connect", "tumbling",
-                          "sliding", "session", "daily-apply", "daily-process"}, kinds
+                          "sliding", "session", "daily-apply", "daily-process", "broadcast",
+                          "broadcast-alert", "broadcast-side"}, kinds
+    assert kinds["broadcast-alert"] == 3 * len(DELAY_RULES), kinds  # 3 origins
     assert kinds["map"] == len(flights)
 
     marker = tmp_path / "failed.txt"
@@ -364,7 +430,7 @@ def test_switched_job_equals_pyflink_state_after_a_failure(switched, heap_output
     finally:
         store.close()
     assert {"seen", "count", "dests", "deps", "arrs", "sessions", "fired", "total",
-            "window-contents", "merging-window-set"} <= names, names
+            "window-contents", "merging-window-set", "flights", "delays"} <= names, names
 
 
 class WindowCount(ProcessWindowFunction):

@@ -3,7 +3,8 @@ parallelism 2, restore at 3.
 
 The switched job of tests/test_switch_flink.py (keyed reduce; stateful map / flat_map /
 filter; keyed connect; tumbling / sliding / session windows with reduce / aggregate /
-process / apply, `window_state()` and `global_state()`) runs on SQLite with its keyed
+process / apply, `window_state()` and `global_state()`; a keyed broadcast function with
+a rule stream) runs on SQLite with its keyed
 operators at parallelism 2, slowed by a stateless map right after the source so that it
 can be stopped mid-stream: once a checkpoint is committed in the store and part of the
 input is processed, it stops with a savepoint (no drain: no MAX_WATERMARK, so no window
@@ -13,7 +14,9 @@ every window fires. The union of both runs' outputs must equal, per output kind 
 multisets, the outputs of the same job on PyFlink's own state (one run, no checkpoints):
 flight-level outputs of the first run plus those of the second, and window outputs (all
 from the second run) that need the window contents, trigger state, merging window sets
-and per-window / global state written before the savepoint.
+and per-window / global state written before the savepoint, and the broadcast function's
+end-of-input alerts, which need its keyed Value and List state and its timers (in Flink)
+from before the savepoint and its broadcast state (in Flink, copied to every subtask).
 
 Outputs: a stateless map at parallelism 1 appends every output to a file of its run
 (`execute_async` gives the JobClient to stop the job with). This is exact here because a
@@ -45,10 +48,12 @@ from pyflink.datastream.window import (
     TumblingEventTimeWindows,
 )
 from test_switch_flink import (
+    RULES,
     AirportTraffic,
     AverageDelay,
     CountPerOrigin,
     DailyWithWindowState,
+    DelayAlerts,
     DestinationsPerOrigin,
     FirstFlightOfAircraft,
     FlightsPerDay,
@@ -56,6 +61,7 @@ from test_switch_flink import (
     SlidingResult,
     flight_source,
     load_flights,
+    rule_source,
 )
 
 import pyflink_ndb  # noqa: F401  (installs the switch)
@@ -70,8 +76,10 @@ FLIGHTS = 6000
 #: Sleep per record in the first run (ms): the whole input would take ~24 s.
 THROTTLE_MS = 4.0
 KINDS = {"reduce", "map", "flat_map", "filter", "connect", "tumbling", "sliding", "session",
-         "daily-apply", "daily-process"}
-WINDOW_KINDS = {"tumbling", "sliding", "session", "daily-apply", "daily-process"}
+         "daily-apply", "daily-process", "broadcast", "broadcast-alert"}
+#: Outputs of the end of input only (windows, the broadcast function's timers).
+WINDOW_KINDS = {"tumbling", "sliding", "session", "daily-apply", "daily-process",
+                "broadcast-alert"}
 
 
 class Throttle(MapFunction):
@@ -119,6 +127,8 @@ def build_rescale_job(env: StreamExecutionEnvironment, flights: list[Any], p: in
         .set_parallelism(p).uid("daily-apply"),
         by_carrier.window(TumblingEventTimeWindows.of(Time.days(1)))
         .process(DailyWithWindowState()).set_parallelism(p).uid("daily-process"),
+        by_origin.connect(rule_source(env).broadcast(RULES)).process(DelayAlerts())
+        .set_parallelism(p).uid("broadcast"),
     ]
     return outputs[0].union(*outputs[1:]).map(AppendTo(output)) \
         .add_sink(SinkFunction("org.apache.flink.streaming.api.functions.sink.DiscardingSink"))
@@ -249,4 +259,4 @@ def test_switched_job_savepoint_at_2_restore_at_3_equals_pyflink_state(tmp_path)
     finally:
         store.close()
     assert {"count", "dests", "seen", "deps", "arrs", "sessions", "fired", "total",
-            "window-contents", "merging-window-set"} <= names, names
+            "window-contents", "merging-window-set", "flights", "delays"} <= names, names

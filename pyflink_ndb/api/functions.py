@@ -13,7 +13,12 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from pyflink.datastream import KeyedCoProcessFunction, KeyedProcessFunction, RuntimeContext
+from pyflink.datastream import (
+    KeyedBroadcastProcessFunction,
+    KeyedCoProcessFunction,
+    KeyedProcessFunction,
+    RuntimeContext,
+)
 from pyflink.datastream.functions import InternalWindowFunction
 
 from pyflink_ndb import _pyflink
@@ -104,6 +109,30 @@ class TieredKeyedCoProcessFunction(_TieredFunction, KeyedCoProcessFunction):
     def process_element2(self, value: Any, ctx: KeyedCoProcessFunction.Context) -> Any:
         self._record_key(ctx)
         return self._call(self.function.process_element2, value, ctx)
+
+
+class TieredKeyedBroadcastProcessFunction(_TieredFunction, KeyedBroadcastProcessFunction):
+    """Runs `function` (a `KeyedBroadcastProcessFunction`) with tiered keyed state; the
+    broadcast state stays in Flink (operator state, `ctx.get_broadcast_state(...)`).
+
+    A broadcast element has no key of its own: Flink sets none for it
+    (`PythonKeyedBroadcastStateTransformationTranslator` gives the broadcast input no key
+    selector), so keyed state touched in `process_broadcast_element` is the last record's
+    key's, as on Flink's own backends (PyFlink has no `apply_to_keyed_state`).
+    """
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        super().open(runtime_context)
+        self._backend.second_input_keyed = False
+
+    def process_element(self, value: Any, ctx: KeyedBroadcastProcessFunction.ReadOnlyContext
+                        ) -> Any:
+        self._record_key(ctx)
+        return self._call(self.function.process_element, value, ctx)
+
+    def process_broadcast_element(self, value: Any,
+                                  ctx: KeyedBroadcastProcessFunction.Context) -> Any:
+        return self._call(self.function.process_broadcast_element, value, ctx)
 
 
 class TieredWindowFunction(_TieredFunction, InternalWindowFunction):

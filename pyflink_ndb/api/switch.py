@@ -20,12 +20,17 @@ What is switched (each through PyFlink's one builder of Java Python-function ope
 * keyed `ConnectedStreams.process/map/flat_map` under the same rule;
 * windows on keyed streams (`WindowedStream.reduce/aggregate/process/apply`, any
   assigner of PyFlink's, merging ones included): the window contents, trigger state,
-  the merging window set and `ProcessWindowFunction.window_state()/global_state()`.
+  the merging window set and `ProcessWindowFunction.window_state()/global_state()`;
+* `keyed.connect(broadcast_stream).process(KeyedBroadcastProcessFunction)` under the
+  `open()` rule: its keyed state is tiered, its broadcast state stays in Flink (operator
+  state). PyFlink builds it as a `PythonKeyedBroadcastStateTransformation`, which Flink's
+  `PythonKeyedBroadcastStateTransformationTranslator` turns, in streaming mode, into an
+  `EmbeddedPythonKeyedCoProcessOperator` over the keyed input (its key selector) and the
+  broadcast-partitioned input (no key selector); the switch builds the same two-input
+  transformation with the bridge's `NdbKeyedCoProcessOperator`.
 
-Not switched: non-keyed operators (they hold no keyed state), `KeyedBroadcastProcessFunction`
-(PyFlink builds it through `PythonKeyedBroadcastStateTransformation`, translated in Java
-after the Python side is done: see README, "Limits"), and everything in process mode
-(`python.execution-mode: process`, which the bridge cannot run: ConfigurationError).
+Not switched: non-keyed operators (they hold no keyed state) and everything in process
+mode (`python.execution-mode: process`, which the bridge cannot run: ConfigurationError).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 
 from pyflink_ndb import _pyflink
 from pyflink_ndb.api.functions import (
+    TieredKeyedBroadcastProcessFunction,
     TieredKeyedCoProcessFunction,
     TieredKeyedProcessFunction,
     TieredWindowFunction,
@@ -93,7 +99,28 @@ def _two_input(original: Any, connected: Any, func: Any, func_type: int,
     return j_operator, j_output
 
 
+def _keyed_broadcast(original: Any, connected: Any, func: Any, output_type: Any = None
+                     ) -> Any:
+    from pyflink.datastream import DataStream, KeyedBroadcastProcessFunction, KeyedStream
+
+    keyed, j_broadcast = _pyflink.broadcast_parts(connected)
+    if (not isinstance(keyed, KeyedStream) or not isinstance(func, KeyedBroadcastProcessFunction)
+            or not enabled(keyed) or not _pyflink.declares_keyed_state(func)):
+        return original(connected, func, output_type)
+    j_conf, options_json = prepare_bridge(keyed, None, None, check_store=False)
+    types = _pyflink.function_types()
+    j_info = _pyflink.python_function_info(TieredKeyedBroadcastProcessFunction(func),
+                                           types.KEYED_CO_BROADCAST_PROCESS)
+    j_output = output_type_info(output_type).get_java_type_info()  # after pickling (above)
+    j_operator = bridge_class("NdbKeyedCoProcessOperator")(
+        j_conf, j_info, _pyflink.input_type_of(keyed),
+        j_broadcast.getTransformation().getOutputType(), j_output, options_json)
+    # PyFlink's name for the operator (BroadcastConnectedStream.process).
+    return DataStream(_pyflink.j_data_stream(keyed).connect(j_broadcast).transform(
+        "Keyed-Co-Process-Broadcast", j_output, j_operator))
+
+
 def install() -> None:
     """Install the switch into PyFlink (idempotent; `import pyflink_ndb` does it). With the
     key off, PyFlink builds every operator as before."""
-    _pyflink.install_operator_factories(_one_input, _two_input)
+    _pyflink.install_operator_factories(_one_input, _two_input, _keyed_broadcast)

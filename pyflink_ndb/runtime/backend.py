@@ -144,6 +144,9 @@ class SubtaskStateBackend:
             self.keys_from_records = False
             #: Set by a window operation's wrapper: timers carry their key in their context.
             self.timer_keys_from_context = False
+            #: Cleared by a keyed broadcast function's wrapper: the second (broadcast)
+            #: input's records carry no key.
+            self.second_input_keyed = True
             #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
             self.metrics: Any = None
             self.protocol.open(restored_tokens(self.store, info))
@@ -231,7 +234,8 @@ class SubtaskStateBackend:
 
     # -- hooks called by the Java bridge --------------------------------------------------
     def attach_operation(self, operation: Any) -> None:
-        """Read each record's key from the record (no call into Java per record), and with
+        """Read each record's key from the record (no call into Java per record; not the
+        broadcast input's, see :attr:`second_input_keyed`), and with
         :attr:`timer_keys_from_context` (a window operation) each timer's key from the
         timer context.
 
@@ -240,7 +244,8 @@ class SubtaskStateBackend:
         """
         from pyflink_ndb._pyflink import hook_record_keys, hook_timer_keys
 
-        self.keys_from_records = hook_record_keys(operation, self.set_current_key)
+        self.keys_from_records = hook_record_keys(
+            operation, self.set_current_key, second_input_keyed=self.second_input_keyed)
         if self.timer_keys_from_context and not (
                 self.keys_from_records and hook_timer_keys(operation, self.set_current_key)):
             raise ConfigurationError(
