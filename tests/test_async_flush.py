@@ -79,12 +79,13 @@ class Recorder:
 
 
 class Gate:
-    """Wraps the writer store's `_executemany`: optionally slow, blockable at will, and able
-    to fail on demand (after `ok_calls` more successful calls)."""
+    """Wraps the writer store's state-row writes (`_replace_state_rows`, one statement
+    batch each): optionally slow, blockable at will, and able to fail on demand (after
+    `ok_calls` more successful calls)."""
 
     def __init__(self, store: StateStore, delay_s: float = 0.0) -> None:
         self.store = store
-        self.original = store._executemany
+        self.original = store._replace_state_rows
         self.delay_s = delay_s
         self.open = threading.Event()
         self.open.set()
@@ -92,7 +93,7 @@ class Gate:
         self.calls = 0
         self.fail_after: int | None = None
         self.lock = threading.Lock()
-        store._executemany = self  # type: ignore[method-assign]
+        store._replace_state_rows = self  # type: ignore[method-assign]
 
     def __call__(self, text: str, rows: Any) -> None:
         self.entered.set()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
-from pyflink_ndb.checkpoint.gc import VersionLedger, versions_to_keep
+from pyflink_ndb.checkpoint.gc import EntryVersions, VersionLedger, versions_to_keep
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.serialization import encode_key
 from pyflink_ndb.stores import StateStore
@@ -161,6 +161,17 @@ def test_ledger_records_versions_in_order_and_rewrites_replace_the_flag() -> Non
     assert ledger.pending == {REF, OTHER}
     assert len(ledger) == 2
     assert ledger.get((0, 0, b"never")) is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.booleans()), max_size=30))
+def test_entry_versions_stay_sorted_unique_with_the_last_flag(
+        writes: list[tuple[int, bool]]) -> None:
+    entry = EntryVersions()
+    for version, tombstone in writes:
+        entry.add(version, tombstone)
+    last = dict(writes)
+    assert entry.versions == sorted(last)
+    assert entry.tombstones == [last[version] for version in sorted(last)]
 
 
 def test_ledger_learns_older_versions_once() -> None:

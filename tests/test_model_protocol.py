@@ -279,7 +279,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         # of this checkpoint's write (and make the coverage depend on timing).
         victim.backend.protocol.writer.wait_idle(60)
         store = victim.backend.write_store or victim.backend.store
-        real = store._executemany
+        real = store._replace_state_rows
         calls = {"n": 0}
 
         def flaky(text: str, rows: Any) -> None:
@@ -288,7 +288,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             calls["n"] += 1
             real(text, rows)
 
-        store._executemany = flaky  # type: ignore[method-assign]
+        store._replace_state_rows = flaky  # type: ignore[method-assign]
         checkpoint_id = self.next_checkpoint
         self.next_checkpoint += 1
         try:
@@ -300,7 +300,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 except CheckpointError:
                     failed = True
         finally:
-            store._executemany = real  # type: ignore[method-assign]
+            store._replace_state_rows = real  # type: ignore[method-assign]
         snap = Snap(len(self.snaps), checkpoint_id, self.job, tokens,
                     copy.deepcopy(self.model), False)
         self.snaps.append(snap)

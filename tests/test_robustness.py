@@ -115,9 +115,9 @@ class Model:
 
 
 def fail_after(store: StateStore, calls: int) -> None:
-    """Make the store's `_executemany` raise after `calls` successful calls (a crash in
-    the middle of writing an epoch)."""
-    original = store._executemany
+    """Make the store's state-row writes (`_replace_state_rows`, one statement batch each)
+    raise after `calls` successful calls (a crash in the middle of writing an epoch)."""
+    original = store._replace_state_rows
     count = {"n": 0}
 
     def flaky(text: str, rows: Any) -> None:
@@ -126,7 +126,7 @@ def fail_after(store: StateStore, calls: int) -> None:
         count["n"] += 1
         original(text, rows)
 
-    store._executemany = flaky  # type: ignore[method-assign]
+    store._replace_state_rows = flaky  # type: ignore[method-assign]
 
 
 def writes_of(job: Job) -> StateStore:
@@ -230,12 +230,12 @@ def test_failed_snapshot_then_next_checkpoint_covers_everything(store_kind, stor
     for i, k in enumerate(KEYS):
         job.write(k, 10 + i)
         model.write(k, 10 + i)
-    real = writes_of(job)._executemany
+    real = writes_of(job)._replace_state_rows
     fail_after(writes_of(job), 4)
     with pytest.raises(CheckpointError):
         job.checkpoint(2)
     job.t.abort(2)
-    writes_of(job)._executemany = real  # type: ignore[method-assign]
+    writes_of(job)._replace_state_rows = real  # type: ignore[method-assign]
     assert job.read_all() == model.view(), "the running job still sees its changes"
     job.checkpoint(3)
     job.crash()

@@ -203,11 +203,12 @@ def test_rewrite_of_a_chunked_version_with_fewer_chunks(store: StateStore) -> No
 
 
 class WriteRecorder:
-    """The rows of every executemany, grouped by "write versions" transaction."""
+    """The rows of every state-row write statement batch, grouped by "write versions"
+    transaction."""
 
     def __init__(self, store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.transactions: list[list[list[Any]]] = []
-        txn, executemany = store._txn, store._executemany
+        txn, replace_rows = store._txn, store._replace_state_rows
 
         def recording_txn(what: str, work: Callable[[], Any], fence: Fence | None = None
                           ) -> Any:
@@ -215,13 +216,13 @@ class WriteRecorder:
                 self.transactions.append([])
             return txn(what, work, fence)
 
-        def recording_executemany(text: str, rows: Any) -> None:
+        def recording_replace_rows(text: str, rows: Any) -> None:
             if self.transactions:
                 self.transactions[-1].append(list(rows))
-            executemany(text, rows)
+            replace_rows(text, rows)
 
         monkeypatch.setattr(store, "_txn", recording_txn)
-        monkeypatch.setattr(store, "_executemany", recording_executemany)
+        monkeypatch.setattr(store, "_replace_state_rows", recording_replace_rows)
 
     @property
     def statements(self) -> list[list[Any]]:
@@ -880,6 +881,7 @@ class WarningCollector:
         self.warnings: list[tuple[str, tuple[Any, ...]]] = []
         self._store = store
         execute, executemany = store._execute, store._executemany
+        replace_rows = store._replace_state_rows
 
         def checked_execute(text: str, params: Any = ()) -> Any:
             cur = execute(text, params)
@@ -895,8 +897,14 @@ class WarningCollector:
                 executemany(text, [params])
                 self._collect(text)
 
+        def checked_replace_rows(text: str, rows: Any) -> None:
+            for params in rows:
+                replace_rows(text, [params])
+                self._collect(text)
+
         monkeypatch.setattr(store, "_execute", checked_execute)
         monkeypatch.setattr(store, "_executemany", checked_executemany)
+        monkeypatch.setattr(store, "_replace_state_rows", checked_replace_rows)
 
     def _collect(self, text: str) -> None:
         with self._store._conn.cursor() as cur:
@@ -985,6 +993,46 @@ def test_edge_values_through_mariadb_without_warnings(
             assert vjson is None
         else:
             assert json.loads(vjson) == json.loads(r.value_json)
+
+
+def test_state_rows_render_as_literals_of_their_column_types() -> None:
+    from pyflink_ndb.stores.mysql import render_state_row, render_statements
+
+    quote = lambda text: "'" + text.replace("'", "''") + "'"  # noqa: E731
+    full = (3, 7, b"k'\\\x00", 9, 0, 0, 1, None, 2, b"\x00'\\v", '"it\'s"', '["k"]')
+    assert render_state_row(full, quote) == (
+        "(3,7,X'6b275c00',9,0,0,1,NULL,2,X'00275c76','\"it''s\"','[\"k\"]')")
+    tombstone = (3, 7, b"", 9, 0, 1, 1, 1234, 2, None, None, None)
+    assert render_state_row(tombstone, quote) == "(3,7,X'',9,0,1,1,1234,2,NULL,NULL,NULL)"
+    with pytest.raises(ValueError):  # a float is never written as an integer column
+        render_state_row((3.5, *full[1:]), quote)
+    # Statements split before they pass the limit; each row whole in one of them.
+    rows = [(i, 7, b"k%03d" % i, 9, 0, 0, 1, None, 2, b"v" * 40, None, None)
+            for i in range(50)]
+    statements = render_statements("REPLACE INTO t VALUES ", rows, quote, max_chars=1_000)
+    assert len(statements) > 1 and all(len(s) <= 1_000 for s in statements)
+    assert sum(s.count("),(") + 1 for s in statements) == 50
+
+
+@pytest.mark.mysql
+def test_state_rows_round_trip_with_no_backslash_escapes(
+        store_factory: Callable[..., StateStore]) -> None:
+    # The connection's quoting follows the session's sql_mode (pymysql reads the
+    # server status flag): text with quotes and backslashes arrives unchanged either way.
+    store = store_factory("mysql")
+    sid = store.register_state(OP, "nbe", "value", "pickle-5", None)
+    fence = branch(store)
+    with store._conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')")
+    text = 'a \\ b \' c " d \n \u00e9 \u2603'
+    rows = [row(b"q", encode_value(text), sid=sid, value_json=json.dumps(text))]
+    write(store, fence, 1, rows)
+    with store._conn.cursor() as cur:
+        cur.execute(f"SELECT vbytes, JSON_UNQUOTE(vjson) FROM {store.t_state} "
+                    "WHERE state_id = %s", (sid,))
+        vbytes, unquoted = cur.fetchone()
+    assert bytes(vbytes) == encode_value(text)
+    assert unquoted == text
 
 
 # -- connection failures ----------------------------------------------------------------

@@ -12,6 +12,7 @@ entry whose older versions (written before this attempt) are not known yet is ma
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,14 +42,19 @@ class EntryVersions:
     complete: bool = False
 
     def add(self, version: int, tombstone: bool) -> None:
-        if version in self.versions:
-            self.tombstones[self.versions.index(version)] = tombstone
+        """Add (or re-flag) one version, keeping the order. The common case, a version
+        newer than every known one (each epoch writes a higher version), only appends."""
+        versions = self.versions
+        if not versions or version > versions[-1]:
+            versions.append(version)
+            self.tombstones.append(tombstone)
             return
-        self.versions.append(version)
-        self.tombstones.append(tombstone)
-        order = sorted(range(len(self.versions)), key=self.versions.__getitem__)
-        self.versions = [self.versions[i] for i in order]
-        self.tombstones = [self.tombstones[i] for i in order]
+        at = bisect_left(versions, version)
+        if at < len(versions) and versions[at] == version:
+            self.tombstones[at] = tombstone
+            return
+        versions.insert(at, version)
+        self.tombstones.insert(at, tombstone)
 
 
 def versions_to_keep(versions: Sequence[int], tombstones: Sequence[bool],

@@ -393,6 +393,12 @@ class StateStore(ABC):
     def _executemany(self, text: str, rows: Sequence[Sequence[Any]]) -> None:
         self._conn.cursor().executemany(self._sql(text), rows)
 
+    def _replace_state_rows(self, replace_into: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Run `replace_into` (`REPLACE INTO <state table> (...) VALUES `) for `rows` (the
+        12 state-table columns of :meth:`_row_params`), inside the caller's transaction.
+        Here: the driver's parameterised executemany."""
+        self._executemany(replace_into + "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
     def _query(self, text: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return list(self._execute(text, params).fetchall())
 
@@ -757,8 +763,7 @@ class StateStore(ABC):
             rows = list(rows)  # checked in full before the first write
         self.check_sizes(rows, value_max_bytes, f"version {version}")
         sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, version, chunk, "
-               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) VALUES ")
         batches: list[list[tuple[Any, ...]]] = [[]]
         batch_bytes = 0
         for row in rows:
@@ -781,12 +786,12 @@ class StateStore(ABC):
                 between()
             if self.commit_each_batch:
                 def one(b: list[tuple[Any, ...]] = batch) -> None:
-                    self._executemany(sql, b)
+                    self._replace_state_rows(sql, b)
                 self._txn("write versions", one, fence)
             else:
                 def all_in_one(b: list[tuple[Any, ...]] = batch) -> None:
                     for start in range(0, len(b), self.write_batch_rows):
-                        self._executemany(sql, b[start:start + self.write_batch_rows])
+                        self._replace_state_rows(sql, b[start:start + self.write_batch_rows])
                 self._txn("write versions", all_in_one, fence)
             written += len(batch)
         return written

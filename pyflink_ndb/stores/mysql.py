@@ -272,6 +272,54 @@ def tls_connect_args(tls: dict[str, str]) -> dict[str, Any]:
     return {"ssl": context}
 
 
+#: Characters per rendered multi-row statement: pymysql's own executemany limit
+#: (`Cursor.max_stmt_length`), far below `max_allowed_packet` (16 MB on MariaDB 10.11,
+#: 64 MB on MySQL 8 / RonDB).
+MAX_STATEMENT_CHARS = 1_024_000
+
+
+def render_state_row(row: tuple[Any, ...], quote: Any) -> str:
+    """One row of the state table as SQL literals, `(kg, state_id, X'ukey', ...)`.
+
+    The background writer renders every row of an epoch; pymysql's executemany escapes
+    each parameter through a type dispatch and costs about twice as much Python time
+    (it shares the task threads' GIL: docs/protocol.md, "Asynchronous flush"). The
+    column types are fixed, so each is rendered directly: integers with `:d` (a float or
+    a string raises `ValueError`/`TypeError` instead of being written), bytes as hex
+    literals (as pymysql 1.1+ renders them), text through `quote` (the connection's
+    `escape`, which honours `NO_BACKSLASH_ESCAPES`), None as NULL.
+
+    :param row: the 12 columns of `StateStore._row_params`.
+    :param quote: `str -> quoted SQL string literal`.
+    """
+    kg, state_id, ukey, version, chunk, tombstone, chunks, expires, fmt, vbytes, vjson, \
+        kjson = row
+    expires_sql = "NULL" if expires is None else format(expires, "d")
+    vbytes_sql = "NULL" if vbytes is None else "X'" + bytes(vbytes).hex() + "'"
+    vjson_sql = "NULL" if vjson is None else quote(str(vjson))
+    kjson_sql = "NULL" if kjson is None else quote(str(kjson))
+    return (f"({kg:d},{state_id:d},X'{bytes(ukey).hex()}',{version:d},{chunk:d},"
+            f"{tombstone:d},{chunks:d},{expires_sql},{fmt:d},{vbytes_sql},{vjson_sql},"
+            f"{kjson_sql})")
+
+
+def render_statements(prefix: str, rows: Any, quote: Any,
+                      max_chars: int = MAX_STATEMENT_CHARS) -> list[str]:
+    """`prefix` + rendered rows, split into statements of at most `max_chars` characters
+    (a single longer row gets a statement of its own)."""
+    statements, current, size = [], [], len(prefix)
+    for row in rows:
+        text = render_state_row(row, quote)
+        if current and size + len(text) + 1 > max_chars:
+            statements.append(prefix + ",".join(current))
+            current, size = [], len(prefix)
+        current.append(text)
+        size += len(text) + 1
+    if current:
+        statements.append(prefix + ",".join(current))
+    return statements
+
+
 class MysqlStateStore(StateStore):
     """Tier 3 on a MySQL-protocol server (RonDB/NDB, MySQL, MariaDB)."""
 
@@ -317,6 +365,13 @@ class MysqlStateStore(StateStore):
         self._write_timeout_s = write_timeout_s
         self.retry_policy = retry
         self.engine = "InnoDB"
+
+    def _replace_state_rows(self, replace_into: str, rows: Any) -> None:
+        """The rows rendered as literals (:func:`render_state_row`), in statements of at
+        most :data:`MAX_STATEMENT_CHARS`, in the caller's transaction."""
+        cur = self._conn.cursor()
+        for statement in render_statements(replace_into, rows, self._conn.escape):
+            cur.execute(statement)
 
     @property
     def address(self) -> str:
