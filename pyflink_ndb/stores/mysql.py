@@ -307,7 +307,9 @@ def render_statements(prefix: str, rows: Any, quote: Any,
                       max_chars: int = MAX_STATEMENT_CHARS) -> list[str]:
     """`prefix` + rendered rows, split into statements of at most `max_chars` characters
     (a single longer row gets a statement of its own)."""
-    statements, current, size = [], [], len(prefix)
+    statements: list[str] = []
+    current: list[str] = []
+    size = len(prefix)
     for row in rows:
         text = render_state_row(row, quote)
         if current and size + len(text) + 1 > max_chars:
