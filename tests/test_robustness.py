@@ -1083,6 +1083,37 @@ def _bounded_subtask(store: StateStore, index: int, attempt: int, local_dir: str
     return backend, ctx.get_state(ValueStateDescriptor("count", ANY))
 
 
+def test_key_groups_are_asked_of_java_once_per_key_until_the_memo_fills(
+        store_factory, local_dir, monkeypatch):
+    from pyflink_ndb.runtime import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "KEY_GROUP_MEMO_ENTRIES", 4)
+    backend, count = _bounded_subtask(store_factory("sqlite"), 0, 0, local_dir)
+    assert backend._kg_memo_max == max(NdbStateOptions().cache_max_entries * 2, 4)
+    backend._kg_memo_max = 4  # a small memo, to see it fill
+    calls = []
+    oracle = backend._key_groups
+    original = type(oracle).currentKeyGroup
+
+    def counted(self: Any) -> int:
+        calls.append(self.backend.current_key)
+        return original(self)
+
+    monkeypatch.setattr(type(oracle), "currentKeyGroup", counted)
+    for key in ["a", "b", "a", "b", "a"]:
+        backend.set_current_key(key)
+        count.update((count.value() or 0) + 1)
+    assert calls == ["a", "b"]
+    for key in ["c", "d", "e", "a"]:  # the fifth key empties the memo
+        backend.set_current_key(key)
+    assert calls == ["a", "b", "c", "d", "e", "a"]
+    backend.set_current_key("b")
+    backend.set_current_key("a")
+    assert calls[-1] == "b" and len(calls) == 7
+    assert backend.current_key_group == zlib.crc32(backend.current_key_bytes) % 128
+    backend.table.close()
+
+
 def test_bounded_job_without_checkpointing_survives_a_restart(store_factory, local_dir):
     store_a = store_factory("sqlite")
     store_b = store_factory("sqlite", namespace=store_a.namespace)

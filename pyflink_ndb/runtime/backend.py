@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cachetools import LRUCache
-
 from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
@@ -43,6 +41,10 @@ from pyflink_ndb.tiers.local import LocalTier
 from pyflink_ndb.tiers.table import TieredTable
 
 log = logging.getLogger(__name__)
+
+#: Keys whose key group a subtask remembers (at least; twice `cache.max-entries` when that
+#: is more): a key met again after its memo was emptied costs one call into Java.
+KEY_GROUP_MEMO_ENTRIES = 100_000
 
 
 class KeyGroupOracle(Protocol):
@@ -136,7 +138,11 @@ class SubtaskStateBackend:
                 write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
             self.protocol.set_json_renderer(self._render_json)
             self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
-            self._kg_cache: LRUCache = LRUCache(maxsize=max(options.cache_max_entries, 10_000))
+            #: Key groups of recently seen keys (encoded key -> key group): each miss is a
+            #: call into Java. A plain dict, emptied when full (cheaper per record and per
+            #: entry than an LRU): about 100 bytes an entry.
+            self._kg_memo: dict[bytes, int] = {}
+            self._kg_memo_max = max(options.cache_max_entries * 2, KEY_GROUP_MEMO_ENTRIES)
             self.current_key: Any = None
             self.current_key_bytes: bytes | None = None
             self.current_key_group = -1
@@ -220,10 +226,12 @@ class SubtaskStateBackend:
         if key_bytes == self.current_key_bytes:
             return
         self.current_key_bytes = key_bytes
-        key_group = self._kg_cache.get(key_bytes)
+        key_group = self._kg_memo.get(key_bytes)
         if key_group is None:
             key_group = int(self._key_groups.currentKeyGroup())
-            self._kg_cache[key_bytes] = key_group
+            if len(self._kg_memo) >= self._kg_memo_max:
+                self._kg_memo.clear()
+            self._kg_memo[key_bytes] = key_group
         self.current_key_group = key_group
 
     def require_key(self) -> tuple[bytes, int]:
