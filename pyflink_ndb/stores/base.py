@@ -393,6 +393,16 @@ class StateStore(ABC):
     def _executemany(self, text: str, rows: Sequence[Sequence[Any]]) -> None:
         self._conn.cursor().executemany(self._sql(text), rows)
 
+    def _versions_clause(self, part: Sequence[Any]) -> tuple[str, list[Any]]:
+        """(WHERE clause, parameters) naming exactly the versions of `part` (each with
+        `key_group`, `state_id`, `ukey`, `version`): OR-ed primary keys."""
+        clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND version = ?)"
+                             for _ in part)
+        params: list[Any] = []
+        for d in part:
+            params += [d.key_group, d.state_id, d.ukey, d.version]
+        return clause, params
+
     def _replace_state_rows(self, replace_into: str, rows: Sequence[tuple[Any, ...]]) -> None:
         """Run `replace_into` (`REPLACE INTO <state table> (...) VALUES `) for `rows` (the
         12 state-table columns of :meth:`_row_params`), inside the caller's transaction.
@@ -804,15 +814,8 @@ class StateStore(ABC):
         With `commit_each_batch` each statement is its own transaction (NDB); otherwise
         all go in one (SQLite, where every commit costs milliseconds)."""
         step = min(self.write_batch_rows, self.max_or_terms)
-        statements = []
-        for start in range(0, len(deletions), step):
-            part = deletions[start:start + step]
-            clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND "
-                                 "version = ?)" for _ in part)
-            params: list[Any] = []
-            for d in part:
-                params += [d.key_group, d.state_id, d.ukey, d.version]
-            statements.append((clause, params))
+        statements = [self._versions_clause(deletions[start:start + step])
+                      for start in range(0, len(deletions), step)]
 
         def run(todo: Sequence[tuple[str, list[Any]]]) -> int:
             total = 0
