@@ -23,7 +23,12 @@ Figures (see README, "Benchmarks"):
    the rows the restore deleted (none: cleanup runs later, in the background);
 6. committed-state point reads (`--only reads`, bench/reads.py): one SQL client on MariaDB
    reading random keys of 100,000 by primary key, through the `<ns>_committed` view and by
-   `kjson`, and through `pyflink-ndb get`'s read path: reads/s, p50/p99/p99.9, EXPLAIN.
+   `kjson`, and through `pyflink-ndb get`'s read path: reads/s, p50/p99/p99.9, EXPLAIN;
+7. the user-profile job (`--only profile`, bench/profile.py; issue 9, workload b): per
+   Zipf-drawn user a ValueState, a MapState with TTL and a ListState (about 1 KB), on
+   hashmap, RocksDB full and incremental, pyflink-ndb on SQLite and MariaDB, each in a
+   fresh JVM: records/s, Flink's checkpoint end-to-end and sync durations, the JVM's
+   peak RSS.
 
 Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-pause.png).
 """
@@ -114,11 +119,21 @@ def store_url(kind: str, mysql_url: str, name: str) -> str:
     return mysql_url
 
 
+#: Managed memory of the MiniCluster's TaskManager, for every backend: 512 MB per slot at
+#: parallelism 2, what a default standalone TaskManager gives its one slot. Flink's
+#: local-execution default (128 MB in all) write-stalls RocksDB on write-heavy jobs (its
+#: LOG: "Stopping writes because we have 2 immutable memtables"); hashmap and pyflink-ndb
+#: do not use managed memory in thread mode.
+MANAGED_MEMORY = "1024m"
+
+
 def flink_extra(kind: str, checkpoint_dir: Path) -> dict[str, str]:
     """Flink configuration of a backend; every backend checkpoints to the same kind of
-    storage (a local folder) at the same interval."""
+    storage (a local folder) at the same interval, with the same TaskManager memory
+    (:data:`MANAGED_MEMORY`)."""
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    extra = {"state.checkpoints.dir": checkpoint_dir.as_uri()}
+    extra = {"state.checkpoints.dir": checkpoint_dir.as_uri(),
+             "taskmanager.memory.managed.size": MANAGED_MEMORY}
     if kind in ("hashmap", "rocksdb"):
         extra["state.backend.type"] = kind
     return extra
@@ -1168,27 +1183,66 @@ def snapshot_markdown(snap: dict) -> list[str]:
                   "(per subtask of the keyed vertex; end to end per checkpoint). records/s: "
                   f"mean of the whole seconds after the first {PAUSE_WARMUP_S} (higher is "
                   "better); worst second: the least records in one second (higher is "
-                  "better); durations: lower is better. Dirty entries: per subtask and "
-                  "checkpoint, from pyflink-ndb's `checkpoint N durable` log lines.", "",
-                  "| run | records/s | worst / best second | checkpoints | sync ms median "
+                  "better); variation: stdev / mean of those seconds (lower is steadier); "
+                  "write seconds: mean records of the seconds a background write covered "
+                  "for at least half a second over the mean of the other seconds (1.00: no "
+                  "dip while writing); durations: lower is better. Dirty entries: per "
+                  "subtask and checkpoint, from pyflink-ndb's `checkpoint N durable` log "
+                  "lines.", "",
+                  "| run | records/s | worst / best second | variation | write seconds "
+                  "/ other seconds | checkpoints | sync ms median "
                   "| sync ms max | async ms median | end-to-end ms median | end-to-end ms max "
                   "| dirty entries median (max) | background write ms median "
                   "| retried DB transactions |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in job.values():
+            even = steadiness(r)
             def f(key: str, fmt: str = "{:,.0f}", r: dict = r) -> str:
                 return "–" if r.get(key) is None else fmt.format(r[key])
             dirty = ("–" if "dirty_median" not in r
                      else f"{r['dirty_median']:,.0f} ({r['dirty_max']:,})")
             lines.append(
                 f"| {r['label']} | {f('records_per_s')} | {f('min_second')} / "
-                f"{f('max_second')} | {len(r['checkpoints'])} of {r['counts']['total']} "
+                f"{f('max_second')} | {f('cv', '{:.2f}', even)} | "
+                f"{f('write_seconds_ratio', '{:.2f}', even)} | "
+                f"{len(r['checkpoints'])} of {r['counts']['total']} "
                 f"({r['counts']['failed']} failed) | {f('sync_median_ms')} | "
                 f"{f('sync_max_ms')} | {f('async_median_ms')} | {f('e2e_median_ms')} | "
                 f"{f('e2e_max_ms')} | {dirty} | {f('write_median_ms')} | "
                 f"{len(r['retries']) if 'retries' in r else '–'} |")
         lines.append("")
     return lines
+
+
+def steadiness(run: Mapping[str, Any]) -> dict[str, float | None]:
+    """How evenly a checkpoint job ran: the coefficient of variation of its whole seconds
+    after the warm-up (stdev / mean), and, with pyflink-ndb's asynchronous flush, the mean
+    records of the seconds that a background write of either subtask covered for at least
+    half a second, over the mean of the other seconds (1.0: the writes cost the stream
+    nothing visible; from the `checkpoint N durable` log lines: end time and write ms)."""
+    steady = [(s, c) for s, c in run.get("per_second", []) if s >= PAUSE_WARMUP_S]
+    if len(steady) < 2:
+        return {"cv": None, "write_seconds_ratio": None}
+    counts = [c for _, c in steady]
+    mean = statistics.mean(counts)
+    out: dict[str, float | None] = {
+        "cv": statistics.pstdev(counts) / mean if mean else None, "write_seconds_ratio": None}
+    durable = run.get("durable") or []
+    if durable and "start_s" in run:
+        busy: dict[int, float] = {}
+        for d in durable:
+            end = d["t"] - run["start_s"]
+            begin = end - d["write_ms"] / 1000
+            second = int(begin)
+            while second < end:
+                busy[second] = busy.get(second, 0.0) + max(
+                    0.0, min(end, second + 1) - max(begin, second))
+                second += 1
+        writing = [c for s, c in steady if busy.get(s, 0.0) >= 0.5]
+        idle = [c for s, c in steady if busy.get(s, 0.0) < 0.5]
+        if writing and idle:
+            out["write_seconds_ratio"] = statistics.mean(writing) / statistics.mean(idle)
+    return out
 
 
 def summary_markdown(meta: dict, results: dict) -> str:
@@ -1314,6 +1368,10 @@ def summary_markdown(meta: dict, results: dict) -> str:
         from bench.reads import markdown as reads_markdown
 
         lines += reads_markdown(results["reads"])
+    if results.get("profile"):
+        from bench.profile import markdown as profile_markdown
+
+        lines += profile_markdown(results["profile"])
     return "\n".join(lines)
 
 
@@ -1575,7 +1633,7 @@ def git_commit() -> str:
               default=ROOT / "bench" / "results", show_default=True)
 @click.option("--only", multiple=True,
               type=click.Choice(["throughput", "recovery", "snapshot", "checkpoint-pause",
-                                 "sql", "restore-rows", "reads"]),
+                                 "sql", "restore-rows", "reads", "profile"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run; `checkpoint-pause` is `snapshot` (part 3).")
 @click.option("--repeat", type=int, default=None,
@@ -1603,7 +1661,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         return
     parts = {"snapshot" if p == "checkpoint-pause" else p
              for p in only or ("throughput", "recovery", "snapshot", "sql", "restore-rows",
-                               "reads")}
+                               "reads", "profile")}
     rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
     # This process's Flink log (read for the restore timeline), apart from the shared default
@@ -1620,7 +1678,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     started = time.monotonic()
     from tqdm import tqdm
 
-    order = ("throughput", "recovery", "snapshot", "sql", "restore-rows", "reads")
+    order = ("throughput", "recovery", "snapshot", "sql", "restore-rows", "reads", "profile")
     progress = tqdm(total=len(parts), desc="bench parts", unit=" part", file=sys.stderr,
                     disable=None)
 
@@ -1663,6 +1721,15 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
             reads=2_000 if quick else 20_000, warmup=200 if quick else 2_000,
             write_cost_entries=5_000 if quick else 20_000, log=log)
     part_done(order[5])
+    if "profile" in parts:
+        from bench.profile import BACKENDS as PROFILE_BACKENDS
+        from bench.profile import bench_profile
+
+        results["profile"] = bench_profile(
+            mysql_url, NAMESPACE_PREFIX[0], WORK, 10 if quick else 60, 3 if quick else 5,
+            [b[0] for b in PROFILE_BACKENDS
+             if not (quick and b[0] == "ndb-mariadb-background")], parallelism, log=log)
+    part_done(order[6])
     progress.close()
     meta["elapsed_s"] = time.monotonic() - started
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results},

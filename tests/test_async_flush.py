@@ -935,3 +935,22 @@ def test_a_refused_restore_releases_the_writer_connection_and_tier_2(store_facto
     for root, dirs, _ in os.walk(local_dir):
         leftovers += [os.path.join(root, d) for d in dirs if d.startswith("op-")]
     assert not [d for d in leftovers if os.path.basename(d) not in before], leftovers
+
+
+def test_the_writer_sleeps_as_long_as_the_cpu_time_it_used_since_its_last_yield(monkeypatch):
+    from pyflink_ndb.checkpoint import writer as writer_module
+    from pyflink_ndb.checkpoint.writer import BackgroundWriter
+
+    cpu = iter([10.0, 10.0, 10.004, 10.004, 10.5, 10.5, 10.5, 10.5])
+    slept: list[float] = []
+    monkeypatch.setattr(writer_module.time, "thread_time", lambda: next(cpu))
+    monkeypatch.setattr(writer_module.time, "sleep", slept.append)
+    writer = BackgroundWriter("pace", 1 << 20)
+    writer._cpu_mark = 9.99
+    writer.check_cancelled()  # 10 ms of CPU since the mark
+    writer.check_cancelled()  # 4 ms
+    writer.check_cancelled()  # 496 ms: capped
+    writer.check_cancelled()  # nothing used: a plain yield
+    assert slept == pytest.approx([0.01 * writer_module.WRITER_PACE,
+                                   0.004 * writer_module.WRITER_PACE,
+                                   writer_module.MAX_PACE_SLEEP_S, 0])

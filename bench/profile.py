@@ -1,0 +1,634 @@
+"""Bench part `profile` (`python -m bench.run --only profile`, part 7): issue 9's workload
+(b), a "user profile" job.
+
+A sequence source (NumberSequenceSource, parallelism 2) whose every number is mapped to a
+user drawn from a Zipf law (s=1.1, numpy, fixed seed, :data:`KEY_SPACE` users), keyed by
+user; a KeyedProcessFunction (:class:`UserProfile`) holds per user
+
+* a ValueState `profile`: a dict of fields plus padding (about 400 bytes pickled), read
+  and rewritten for every record;
+* a MapState `last_seen` with TTL (StateTtlConfig, 1 h, updated on create and write, never
+  returns expired): the last-seen time per event type (at most 8 entries);
+* a ListState `recent`: every event is appended; once it holds more than
+  :data:`LIST_MAX` events it is trimmed to the last :data:`LIST_KEEP` (read and update);
+
+about 1 KB of state per user (:func:`state_bytes`). pyflink-ndb runs with
+`cache.max-entries` :data:`CACHE_ENTRIES` per subtask: the users seen in a run are more
+than 10× that (counted by the job; each user is 3-20 cache entries).
+
+Each backend runs in a fresh Python process of its own (`python -c "from bench.profile
+import child; child()"`), hence a fresh JVM: the peak resident set (VmHWM) of the JVM is
+the peak of that backend alone. In a local MiniCluster the JVM that PyFlink starts holds
+the JobManager, the TaskManager and, in thread mode (PEMJA), the embedded CPython that
+runs the Python operators (and with it pyflink-ndb's LRU, its RocksDB tier and the
+database drivers); psutil is not installed, so the figures come from /proc/<pid>/status.
+A backend that fails is recorded with its error; the part never fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pyflink.common import Types
+from pyflink.datastream import KeyedProcessFunction, KeySelector, RuntimeContext
+
+ROOT = Path(__file__).resolve().parent.parent
+OPERATOR = "bench-profile"
+#: `state.backend.ndb.cache.max-entries` of the pyflink-ndb runs (per subtask).
+CACHE_ENTRIES = 2_000
+#: Users the Zipf law draws from (ranks 1..KEY_SPACE).
+KEY_SPACE = 1_000_000
+ZIPF_S = 1.1
+SEED = 20130101
+#: Sequence numbers per block of Zipf draws: block b is `default_rng([SEED, b])`.
+BLOCK = 4096
+EVENTS = ("view", "click", "search", "cart", "purchase", "share", "like", "login")
+TTL_MS = 3_600_000
+#: The ListState is trimmed to the last LIST_KEEP events once it holds more than LIST_MAX.
+LIST_MAX = 16
+LIST_KEEP = 8
+PADDING = "p" * 100
+
+#: (key, label, Flink backend kind as bench.run knows it, restore.mode).
+BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("hashmap", "Flink hashmap", "hashmap", None),
+    ("rocksdb-full", "Flink RocksDB, full checkpoints", "rocksdb", None),
+    ("rocksdb-incremental", "Flink RocksDB, incremental checkpoints", "rocksdb", None),
+    ("ndb-sqlite", "pyflink-ndb SQLite (lazy)", "ndb-sqlite", "lazy"),
+    ("ndb-mariadb", "pyflink-ndb MariaDB (lazy)", "ndb-mariadb", "lazy"),
+    ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
+     "ndb-mariadb", "background"),
+)
+_BY_KEY = {b[0]: b for b in BACKENDS}
+_SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg"}
+
+
+# -- the job (runs in the TaskManager's interpreter) --------------------------------------
+@functools.lru_cache(maxsize=2)
+def zipf_cdf(keys: int, s: float) -> np.ndarray:
+    """Cumulative distribution of ranks 1..keys under Zipf(s) (weights rank**-s)."""
+    cdf = np.cumsum(np.arange(1, keys + 1, dtype=np.float64) ** -s)
+    return cdf / cdf[-1]
+
+
+def zipf_block(block: int, keys: int = KEY_SPACE, s: float = ZIPF_S) -> list[int]:
+    """The users (0 = the hottest) of sequence numbers `block * BLOCK ..` (+ BLOCK - 1):
+    a pure function of the block, so every backend sees the same users in the same order."""
+    u = np.random.default_rng([SEED, block]).random(BLOCK)
+    users = np.minimum(zipf_cdf(keys, s).searchsorted(u, side="right"), keys - 1)
+    return [int(x) for x in users]
+
+
+class ZipfUser(KeySelector):
+    """Key of a sequence number: its Zipf-drawn user (an int)."""
+
+    def __init__(self, keys: int = KEY_SPACE, s: float = ZIPF_S) -> None:
+        self.keys = keys
+        self.s = s
+        self.block = -1
+        self.users: list[int] = []
+
+    def get_key(self, value: int) -> int:
+        block = value // BLOCK
+        if block != self.block:
+            self.users = zipf_block(block, self.keys, self.s)
+            self.block = block
+        return self.users[value % BLOCK]
+
+
+def new_profile(user: int, now_ms: int) -> dict[str, Any]:
+    return {"user": user, "name": f"user-{user:07d}", "email": f"user{user}@example.com",
+            "country": ("SE", "DE", "US", "JP", "BR")[user % 5], "segment": user % 17,
+            "created_ms": now_ms, "events": 0, "last_event": None, "last_seen_ms": now_ms,
+            "counts": {}, "recent": 0, "padding": PADDING}
+
+
+class UserProfile(KeyedProcessFunction):
+    """Per user a ValueState profile, a MapState with TTL (last seen per event type) and a
+    ListState of the recent events; emits nothing.
+
+    Counts per wall-clock second the records it processed and the users it saw first
+    (their profile was empty) and appends `second records new_users` to
+    `<rate_dir>/rate-<subtask>` when a second is over (as bench.functions.RateCounter).
+    """
+
+    def __init__(self, rate_dir: str) -> None:
+        self.rate_dir = rate_dir
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        from pyflink.common.time import Time
+        from pyflink.datastream.state import (
+            ListStateDescriptor,
+            MapStateDescriptor,
+            StateTtlConfig,
+            ValueStateDescriptor,
+        )
+
+        ttl = (StateTtlConfig.new_builder(Time.milliseconds(TTL_MS))
+               .update_ttl_on_create_and_write().never_return_expired().build())
+        self.profile = runtime_context.get_state(
+            ValueStateDescriptor("profile", Types.PICKLED_BYTE_ARRAY()))
+        seen = MapStateDescriptor("last_seen", Types.STRING(), Types.LONG())
+        seen.enable_time_to_live(ttl)
+        self.last_seen = runtime_context.get_map_state(seen)
+        self.recent = runtime_context.get_list_state(
+            ListStateDescriptor("recent", Types.PICKLED_BYTE_ARRAY()))
+        self.path = Path(self.rate_dir) / f"rate-{runtime_context.get_index_of_this_subtask()}"
+        self.second = 0
+        self.count = 0
+        self.new_users = 0
+
+    def process_element(self, value: int, ctx: KeyedProcessFunction.Context) -> Any:
+        now = time.time()
+        now_ms = int(now * 1000)
+        event = EVENTS[value % len(EVENTS)]
+        profile = self.profile.value()
+        if profile is None:
+            profile = new_profile(ctx.get_current_key(), now_ms)
+            self.new_users += 1
+        profile["events"] += 1
+        profile["last_event"] = event
+        profile["last_seen_ms"] = now_ms
+        profile["counts"][event] = profile["counts"].get(event, 0) + 1
+        self.last_seen.put(event, now_ms)
+        self.recent.add((event, now_ms, value))
+        profile["recent"] += 1
+        if profile["recent"] > LIST_MAX:
+            kept = list(self.recent.get())[-LIST_KEEP:]
+            self.recent.update(kept)
+            profile["recent"] = len(kept)
+        self.profile.update(profile)
+        second = int(now)
+        if second != self.second:
+            if self.count:
+                with self.path.open("a") as f:
+                    f.write(f"{self.second} {self.count} {self.new_users}\n")
+            self.second = second
+            self.count = 0
+            self.new_users = 0
+        self.count += 1
+        yield from ()
+
+
+def state_bytes() -> dict[str, int]:
+    """Pickled bytes of one user's state after 100 events (values only, no keys)."""
+    now_ms = int(time.time() * 1000)
+    profile = new_profile(123_456, now_ms)
+    profile.update(events=100, last_event="view", last_seen_ms=now_ms,
+                   counts={e: 12 for e in EVENTS}, recent=12)
+    event = pickle.dumps(("purchase", now_ms, 2 ** 61 + 123_456_789), protocol=5)
+    return {"profile": len(pickle.dumps(profile, protocol=5)),
+            "map_entries": len(EVENTS), "map_entry": len("purchase") + 8,
+            "list_event": len(event), "list_min": LIST_KEEP, "list_max": LIST_MAX,
+            "typical_total": len(pickle.dumps(profile, protocol=5)) + len(EVENTS) * 16
+            + (LIST_KEEP + LIST_MAX) // 2 * len(event)}
+
+
+# -- memory --------------------------------------------------------------------------------
+def proc_status_kb(pid: int, field: str) -> int | None:
+    """A `kB` field of /proc/<pid>/status (VmRSS, VmHWM), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text.rpartition(")")[2].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class RssSampler(threading.Thread):
+    """VmRSS of a process every `interval_s`: (time.time(), kB) samples."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, int]] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            kb = proc_status_kb(self.pid, "VmRSS")
+            if kb is not None:
+                self.samples.append((time.time(), kb))
+            self.stopped.wait(self.interval_s)
+
+    def peak_kb(self, since: float, until: float) -> int | None:
+        return max((kb for t, kb in self.samples if since <= t <= until), default=None)
+
+
+def java_pid() -> int:
+    """Pid of the JVM PyFlink started (the MiniCluster's, TaskManager included)."""
+    from pyflink.java_gateway import get_gateway
+
+    name = get_gateway().jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getName()
+    return int(str(name).split("@")[0])
+
+
+# -- one backend (the child process) --------------------------------------------------------
+def ndb_metrics(port: int, job_id: str) -> dict[str, float]:
+    """pyflink-ndb's counters of the job summed over subtasks (REST; pushed at every
+    checkpoint notification)."""
+    from bench.run import rest_get
+
+    out: dict[str, float] = {}
+    for vertex in rest_get(port, f"/jobs/{job_id}")["vertices"]:
+        base = f"/jobs/{job_id}/vertices/{vertex['id']}/metrics"
+        ids = [m["id"] for m in rest_get(port, base) if ".pyflink_ndb." in m["id"]]
+        if ids:
+            for m in rest_get(port, base + "?get=" + ",".join(ids)):
+                name = m["id"].rsplit(".", 1)[1]
+                try:
+                    out[name] = out.get(name, 0.0) + float(m["value"])
+                except ValueError:
+                    pass
+    return out
+
+
+def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup_s: float,
+                parallelism: int, work: str,
+                flink_conf: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the job on one backend for `duration_s` after every subtask's first record;
+    Flink's checkpoint statistics over REST, the JVM's memory, then cancel. `flink_conf`:
+    more Flink configuration (a variant; the part itself passes none)."""
+    from pyflink.common import WatermarkStrategy
+    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+
+    from bench.run import (
+        _DURABLE,
+        CHECKPOINT_MS,
+        checkpoint_stats,
+        discard,
+        drop_namespace,
+        flink_extra,
+        flink_log_events,
+        free_port,
+        keyed_process,
+        make_environment,
+        ndb_options,
+        rest_get,
+        store_url,
+        wait_until,
+    )
+
+    _, label, kind, restore_mode = _BY_KEY[key]
+    folder = Path(work)
+    rates = folder / "rates"
+    rates.mkdir(parents=True)
+    options: dict[str, str] = {}
+    if restore_mode is not None:
+        namespace = f"{prefix}_prof_{_SHORT[key]}"
+        url = store_url(kind, mysql_url, namespace)
+        options = ndb_options(url, namespace)
+        options.update({"state.backend.ndb.cache.max-entries": str(CACHE_ENTRIES),
+                        "state.backend.ndb.restore.mode": restore_mode})
+        drop_namespace(url, namespace)
+    extra = flink_extra(kind, folder / "checkpoints")
+    if kind == "rocksdb":
+        extra["state.backend.incremental"] = "true" if key == "rocksdb-incremental" else "false"
+    extra.update(flink_conf or {})
+    port = free_port()
+    extra.update({"rest.port": str(port), "rest.bind-port": str(port),
+                  "web.checkpoints.history": "1000", "metrics.fetcher.update-interval": "1000"})
+    env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
+    jvm = java_pid()
+    sampler = RssSampler(jvm)
+    sampler.start()
+    rss_before_kb = proc_status_kb(jvm, "VmRSS")
+    source = env.from_source(NumberSequenceSource(0, 2 ** 62),
+                             WatermarkStrategy.no_watermarks(), "sequence").uid("sequence")
+    keyed = source.key_by(ZipfUser(), key_type=Types.LONG())
+    discard(keyed_process(kind, keyed, UserProfile(str(rates)), Types.LONG(), OPERATOR,
+                          options))
+    submitted = time.time()
+    client = env.execute_async(f"bench-profile-{key}")
+    job_id = str(client.get_job_id())
+    wait_until(lambda: len(list(rates.glob("rate-*"))) >= parallelism, 180,
+               "every subtask of the profile job to process records")
+    first = time.time()
+    time.sleep(duration_s)
+    metrics: dict[str, float] = {}
+    try:
+        stats = checkpoint_stats(port, job_id)
+        failures = [{"id": h["id"], "trigger_ms": h["trigger_timestamp"],
+                     "message": (h.get("failure_message") or "")[:300]}
+                    for h in rest_get(port, f"/jobs/{job_id}/checkpoints")["history"]
+                    if h["status"] == "FAILED"]
+        if restore_mode is not None:
+            try:
+                metrics = ndb_metrics(port, job_id)
+            except Exception as err:  # metrics are a nice-to-have
+                metrics = {"error": str(err)[:200]}  # type: ignore[dict-item]
+    finally:
+        until = time.time()
+        hwm_kb = proc_status_kb(jvm, "VmHWM")
+        try:
+            client.cancel().result()
+        except Exception as err:  # it failed or ended already
+            print(f"cancel: {str(err).splitlines()[0][:160]}", file=sys.stderr)
+        sampler.stopped.set()
+    per_second: dict[int, int] = {}
+    users = 0
+    for path in rates.glob("rate-*"):
+        for line in path.read_text().split("\n"):
+            if line:
+                second, count, new = (int(x) for x in line.split())
+                per_second[second] = per_second.get(second, 0) + count
+                users += new
+    start = min(per_second)
+    timeline = [[s - start, per_second.get(s, 0)]
+                for s in range(start, int(until)) if s + 1 <= until]
+    steady = [c for s, c in timeline if s >= warmup_s]
+    checkpoints = [c for c in stats["checkpoints"] if c["trigger_ms"] / 1000 >= start]
+    out: dict[str, Any] = {
+        "key": key, "label": label, "duration_s": until - first,
+        "submit_to_first_s": first - submitted, "per_second": timeline,
+        "records": sum(c for _, c in timeline), "users_seen": users,
+        "records_per_s": statistics.mean(steady) if steady else None,
+        "min_second": min(steady) if steady else None,
+        "max_second": max(steady) if steady else None,
+        "counts": stats["counts"], "checkpoints": checkpoints,
+        "unfinished": stats["unfinished"], "vertex": stats["vertex"],
+        # Failed in the measured window (earlier ones: triggered before every task ran).
+        "failed": [f for f in failures if f["trigger_ms"] / 1000 >= start],
+        "failed_before_first_record": len([f for f in failures
+                                           if f["trigger_ms"] / 1000 < start]),
+        "java_pid": jvm, "rss_before_submit_kb": rss_before_kb, "java_hwm_kb": hwm_kb,
+        "java_peak_sampled_kb": sampler.peak_kb(submitted, until),
+        "java_rss_samples": [[round(t - submitted, 2), kb] for t, kb in sampler.samples],
+        "client_hwm_kb": proc_status_kb(os.getpid(), "VmHWM"),
+        "other_processes": {str(p): proc_status_kb(p, "VmHWM")
+                            for p in descendants(os.getpid()) if p != jvm},
+        "embedded_python": any("libpython" in line for line in
+                               Path(f"/proc/{jvm}/maps").read_text().splitlines())
+        if Path(f"/proc/{jvm}/maps").exists() else None,
+        "metrics": metrics, "restore_mode": restore_mode,
+        "options": {k: v for k, v in {**options, **extra}.items() if "password" not in k},
+    }
+    syncs = [s["sync_ms"] for c in checkpoints for s in c["subtasks"]]
+    ends = [c["end_to_end_ms"] for c in checkpoints]
+    if syncs:
+        out.update(sync_median_ms=statistics.median(syncs), sync_max_ms=max(syncs),
+                   async_median_ms=statistics.median(
+                       s["async_ms"] for c in checkpoints for s in c["subtasks"]),
+                   start_delay_median_ms=statistics.median(
+                       s["start_delay_ms"] or 0 for c in checkpoints for s in c["subtasks"]),
+                   e2e_median_ms=statistics.median(ends), e2e_max_ms=max(ends),
+                   checkpointed_size_median=statistics.median(
+                       c["checkpointed_size"] for c in checkpoints),
+                   state_size_max=max(c["state_size"] for c in checkpoints))
+    if restore_mode is not None:
+        durable = []
+        for t, line in flink_log_events(submitted):
+            m = _DURABLE.search(line)
+            if m and m.group(1) == OPERATOR and start <= t <= until:
+                durable.append({"subtask": int(m.group(2)), "checkpoint": int(m.group(3)),
+                                "entries": int(m.group(4)), "write_ms": int(m.group(7))})
+        out["durable"] = durable
+        if durable:
+            out.update(dirty_median=statistics.median(d["entries"] for d in durable),
+                       dirty_max=max(d["entries"] for d in durable),
+                       write_median_ms=statistics.median(d["write_ms"] for d in durable))
+    return out
+
+
+def child() -> None:
+    """Entry point of a backend's own process: `python -c "from bench.profile import child;
+    child()" '<json arguments>'`; writes the result to the arguments' `result` file."""
+    args = json.loads(sys.argv[1])
+    result_path = Path(args.pop("result"))
+    result = run_backend(**args)
+    result_path.write_text(json.dumps(result))
+
+
+# -- the part (the bench process) ------------------------------------------------------------
+def other_jobs() -> list[str]:
+    """`pgrep -fa "pytest|bench.run"` without this process, its ancestors and children."""
+    mine = {os.getpid(), *descendants(os.getpid())}
+    pid = os.getpid()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        mine.add(pid)
+    try:
+        lines = subprocess.run(["pgrep", "-fa", "pytest|bench.run"], capture_output=True,
+                               text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line[:200] for line in lines if int(line.split()[0]) not in mine]
+
+
+def bench_profile(mysql_url: str, prefix: str, work: Path, duration_s: float,
+                  warmup_s: float, keys: Sequence[str], parallelism: int = 2,
+                  log: Callable[[str], None] = print,
+                  flink_conf: dict[str, str] | None = None) -> dict[str, Any]:
+    """Part 7: the user-profile job on each backend of `keys` (see :data:`BACKENDS`), each
+    in a process of its own, one after the other. While one runs, the load average and
+    other developers' jobs (`pgrep -fa "pytest|bench.run"`) are sampled every 5 s.
+    `flink_conf`: more Flink configuration for every backend (a variant)."""
+    started = time.monotonic()
+    out: dict[str, Any] = {
+        "cache_entries": CACHE_ENTRIES, "key_space": KEY_SPACE, "zipf_s": ZIPF_S,
+        "ttl_ms": TTL_MS, "list_keep": LIST_KEEP, "list_max": LIST_MAX,
+        "duration_s": duration_s, "warmup_s": warmup_s, "parallelism": parallelism,
+        "state_bytes": state_bytes(), "when": time.strftime("%Y-%m-%d %H:%M"),
+        "flink_conf": flink_conf or {}, "runs": {}}
+    for key in keys:
+        folder = work / "profile" / key
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        (folder / "log").mkdir()
+        result = folder / "result.json"
+        args = {"key": key, "mysql_url": mysql_url, "prefix": prefix,
+                "duration_s": duration_s, "warmup_s": warmup_s, "parallelism": parallelism,
+                "work": str(folder / "job"), "result": str(result),
+                "flink_conf": flink_conf or {}}
+        others = other_jobs()
+        load_before = os.getloadavg()
+        log(f"profile: {_BY_KEY[key][1]}, {duration_s:.0f} s (load {load_before[0]:.2f}"
+            + (f"; other jobs: {len(others)}" if others else "") + ")")
+        env = dict(os.environ, FLINK_LOG_DIR=str(folder / "log"))
+        t0 = time.monotonic()
+        loads = [load_before[0]]
+        seen = set(others)
+        with (folder / "child.log").open("w") as child_log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "from bench.profile import child; child()",
+                 json.dumps(args)], cwd=ROOT, env=env, stdout=child_log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.monotonic() + duration_s + 300
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(5)
+                loads.append(os.getloadavg()[0])
+                seen.update(other_jobs())
+            if proc.poll() is None:  # the child and its JVM (its own session)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc.returncode != 0 or not result.exists():
+            tail = (folder / "child.log").read_text(errors="replace").strip().splitlines()[-5:]
+            run: dict[str, Any] = {"key": key, "label": _BY_KEY[key][1],
+                                   "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+        else:
+            run = json.loads(result.read_text())
+        run.update(loadavg_before=load_before, loadavg_after=os.getloadavg(),
+                   loadavg_max=max(loads), other_jobs=sorted(seen),
+                   process_s=time.monotonic() - t0)
+        out["runs"][key] = run
+        if "error" in run:
+            log(f"  failed: {run['error'][:300]}")
+        else:
+            log(f"  {run['records_per_s'] or 0:,.0f} records/s, {run['users_seen']:,} users, "
+                f"{len(run['checkpoints'])} checkpoints, e2e median "
+                f"{run.get('e2e_median_ms', float('nan')):,.0f} ms, sync median "
+                f"{run.get('sync_median_ms', float('nan')):,.0f} ms, JVM peak RSS "
+                f"{(run['java_hwm_kb'] or 0) / 1024:,.0f} MiB")
+    rocks = [r for k, r in out["runs"].items()
+             if k.startswith("rocksdb") and r.get("records_per_s")]
+    best = max(rocks, key=lambda r: r["records_per_s"], default=None)
+    out["best_rocksdb"] = best["key"] if best else None
+    for r in out["runs"].values():
+        if best and r.get("records_per_s"):
+            r["ratio_to_best_rocksdb"] = r["records_per_s"] / best["records_per_s"]
+    out["elapsed_s"] = time.monotonic() - started
+    return out
+
+
+def _mib(kb: int | None) -> str:
+    return "–" if kb is None else f"{kb / 1024:,.0f}"
+
+
+def markdown(r: dict[str, Any]) -> list[str]:
+    """The part's section of summary.md."""
+    sb = r["state_bytes"]
+    best = r["runs"].get(r.get("best_rocksdb") or "", {}).get("label", "none")
+    lines = ["## 7. User-profile job (issue 9, workload b)", "",
+             f"{r['when']}. A sequence source keyed by a Zipf(s={r['zipf_s']}) user of "
+             f"{r['key_space']:,} (numpy, fixed seed); per user a ValueState profile "
+             f"({sb['profile']} bytes pickled), a MapState with TTL ({r['ttl_ms'] // 60000} "
+             f"min; ≤ {sb['map_entries']} entries) and a ListState of the last "
+             f"{r['list_keep']}-{r['list_max']} events ({sb['list_event']} bytes each): about "
+             f"{sb['typical_total']:,} bytes per user. Parallelism {r['parallelism']}, "
+             f"checkpoints every second, {r['duration_s']:.0f} s per backend after every "
+             f"subtask's first record; records/s: mean of the whole seconds after the first "
+             f"{r['warmup_s']:.0f}. pyflink-ndb `cache.max-entries` {r['cache_entries']:,} "
+             "per subtask. Each backend in a fresh process (fresh JVM); peak RSS: VmHWM of "
+             "the JVM (JobManager + TaskManager + the embedded CPython of thread mode, "
+             "RocksDB's native memory, pyflink-ndb's tiers), from /proc. Ratio: to the "
+             f"faster RocksDB configuration ({best}). Durations from Flink's REST API, per "
+             "subtask of the keyed vertex (start delay, sync, async) and per checkpoint "
+             "(end to end); start delay: trigger until the subtask had the barrier (aligned "
+             "checkpoints: the records in flight ahead of it, under back-pressure). Failed: "
+             "checkpoints triggered after the first record that failed."
+             + ("" if not r.get("flink_conf") else " Variant: Flink configuration "
+                + ", ".join(f"`{k}: {v}`" for k, v in r["flink_conf"].items()) + "."), "",
+             "| backend | records/s | × best RocksDB | worst / best second | users seen "
+             "| checkpoints completed (failed) | end-to-end ms median / max | barrier start "
+             "delay ms median | sync ms median / max | async ms median | checkpointed size "
+             "median | JVM peak RSS MiB | RSS before submit MiB | load avg before / after |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for run in r["runs"].values():
+        load = ("–" if "loadavg_before" not in run else
+                f"{run['loadavg_before'][0]:.2f} / {run['loadavg_after'][0]:.2f}"
+                + (f" (max {run['loadavg_max']:.2f})" if "loadavg_max" in run else ""))
+        if "error" in run:
+            lines.append(f"| {run['label']} | failed: {run['error'][:120]} | | | | | | | | "
+                         f"| | | | {load} |")
+            continue
+
+        def f(name: str, fmt: str = "{:,.0f}", run: dict = run) -> str:
+            return "–" if run.get(name) is None else fmt.format(run[name])
+        size = ("–" if run.get("checkpointed_size_median") is None
+                else f"{run['checkpointed_size_median'] / 1e6:,.2f} MB")
+        lines.append(
+            f"| {run['label']} | {f('records_per_s')} | {f('ratio_to_best_rocksdb', '{:.2f}×')} "
+            f"| {f('min_second')} / {f('max_second')} | {run['users_seen']:,} "
+            f"| {len(run['checkpoints'])} ({len(run['failed'])}) "
+            f"| {f('e2e_median_ms')} / {f('e2e_max_ms')} | {f('start_delay_median_ms')} "
+            f"| {f('sync_median_ms', '{:,.1f}')} / {f('sync_max_ms')} "
+            f"| {f('async_median_ms')} "
+            f"| {size} "
+            f"| {_mib(run['java_hwm_kb'])} | {_mib(run['rss_before_submit_kb'])} | {load} |")
+    notes = []
+    for run in r["runs"].values():
+        m = run.get("metrics") or {}
+        if "dirty_median" in run or "tier1Hits" in m:
+            reads = sum(m.get(k, 0) for k in ("tier1Hits", "tier2Hits", "storeReads"))
+            notes.append(
+                f"{run['label']}: dirty entries per subtask and checkpoint median "
+                f"{run.get('dirty_median', 0):,.0f} (max {run.get('dirty_max', 0):,}), "
+                f"background write median {run.get('write_median_ms', 0):,.0f} ms"
+                + (f"; reads: tier 1 {m.get('tier1Hits', 0) / reads:.1%}, tier 2 "
+                   f"{m.get('tier2Hits', 0) / reads:.1%}, store {m.get('storeReads', 0):,.0f} "
+                   f"(saved {m.get('storeReadsSaved', 0):,.0f})" if reads else ""))
+        if run.get("failed"):
+            notes.append(f"{run['label']}: failed checkpoints: " + "; ".join(
+                sorted({f["message"][:100] for f in run["failed"]})))
+        if run.get("other_jobs"):
+            commands = sorted({line.split(None, 1)[1][:90] for line in run["other_jobs"]})
+            notes.append(f"{run['label']}: other jobs on the machine during the run: "
+                         + "; ".join(f"`{c}`" for c in commands))
+    if notes:
+        lines += [""] + [f"* {n}" for n in notes]
+    lines += ["", f"Part took {r.get('elapsed_s', 0) / 60:.1f} min.", ""]
+    return lines
+
+
+if __name__ == "__main__":
+    # `python -m bench.profile [KEY ...] [--quick]`: the part alone, printed as markdown.
+    import click
+
+    @click.command()
+    @click.argument("keys", nargs=-1, type=click.Choice([b[0] for b in BACKENDS]))
+    @click.option("--quick", is_flag=True)
+    @click.option("--mysql-url", default=os.environ.get("PYFLINK_NDB_TEST_MYSQL_URL",
+                                                        "mysql://root@127.0.0.1:3306/test"))
+    @click.option("--duration", type=float, default=None)
+    @click.option("--flink-conf", multiple=True, metavar="KEY=VALUE",
+                  help="More Flink configuration for every backend (a variant).")
+    @click.option("--work", type=click.Path(file_okay=False, path_type=Path),
+                  default=ROOT / "var" / "bench-profile", show_default=True)
+    def _main(keys: tuple[str, ...], quick: bool, mysql_url: str, duration: float | None,
+              flink_conf: tuple[str, ...], work: Path) -> None:
+        conf = dict(item.split("=", 1) for item in flink_conf)
+        r = bench_profile(mysql_url, "bench", work,
+                          duration or (10 if quick else 60), 3 if quick else 5,
+                          keys or [b[0] for b in BACKENDS if b[0] != "ndb-mariadb-background"],
+                          flink_conf=conf)
+        (work / "profile" / "results.json").write_text(json.dumps(r, indent=2))
+        click.echo("\n".join(markdown(r)))
+
+    _main()
