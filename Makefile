@@ -41,7 +41,7 @@ demo: venv jar
 test: venv jar db
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The second Python version CI tests (README, "Supported versions"): the unit, store and
+# The second Python version CI tests (README, "Install from a wheel"): the unit, store and
 # README-example tests under Python 3.10 in var/venv310 (the Flink MiniCluster suite runs
 # under 3.11 only, to keep CI short).
 PY310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10*/bin/python /usr/bin/python3.10 /usr/local/bin/python3.10))

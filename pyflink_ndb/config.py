@@ -229,6 +229,19 @@ def _convert(spec: OptionSpec, raw: Any) -> Any:
     return text
 
 
+def option_value(key: str, raw: Any) -> Any:
+    """One `state.backend.ndb.*` value converted as :func:`from_flink_keys` converts it
+    (booleans: true/false, 1/0, yes/no, any case).
+
+    :param key: the key without the prefix, e.g. `"enabled"`.
+    :raises ConfigurationError: an unknown key or a value of the wrong kind.
+    """
+    spec = _BY_KEY.get(key)
+    if spec is None:
+        raise ConfigurationError(f"Unknown option {PREFIX}{key}.")
+    return _convert(spec, raw)
+
+
 #: Flink's own keys of the number of retained checkpoints, the 1.20 name first
 #: (`execution.checkpointing.num-retained`, formerly `state.checkpoints.num-retained`).
 FLINK_RETAINED_KEYS = ("execution.checkpointing.num-retained", "state.checkpoints.num-retained")

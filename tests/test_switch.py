@@ -191,6 +191,18 @@ def test_the_switched_broadcast_keeps_pyflinks_checks_and_partitioning():
     assert str(transformation.getName()) == "Keyed-Co-Process-Broadcast"
 
 
+def test_the_switch_reads_every_boolean_spelling_and_refuses_others():
+    for value, on in (("true", True), ("YES", True), ("1", True), ("false", False),
+                      ("no", False), ("0", False)):
+        classes = build_all(environment(**{"state.backend.ndb.enabled": value}))
+        assert (classes["process"] == NDB + "NdbKeyedProcessOperator") is on, value
+    env = environment(**{"state.backend.ndb.enabled": "on"})
+    keyed = env.from_collection([1], Types.INT()).key_by(lambda v: v)
+    with pytest.raises(ConfigurationError, match="state.backend.ndb.enabled='on' is not "
+                                                 "true or false"):
+        keyed.map(WithState())
+
+
 def test_the_switch_in_process_mode_is_a_configuration_error():
     env = environment(mode="process", **{"state.backend.ndb.enabled": "true"})
     keyed = env.from_collection([1], Types.INT()).key_by(lambda v: v)

@@ -45,16 +45,22 @@ from pyflink_ndb.api.functions import (
     TieredWindowFunction,
 )
 from pyflink_ndb.api.stream import bridge_class, output_type_info, prepare_bridge
-from pyflink_ndb.config import PREFIX
+from pyflink_ndb.config import PREFIX, option_value
 
 #: The key of the switch.
 ENABLED_KEY = PREFIX + "enabled"
 
 
 def enabled(stream: Any) -> bool:
-    """Whether the switch is on in the configuration of `stream`'s environment."""
+    """Whether the switch is on in the configuration of `stream`'s environment (unset:
+    off; values as every boolean option: true/false, 1/0, yes/no).
+
+    :raises ConfigurationError: a value that is not a boolean (the job would otherwise run
+        on Flink's own state without a word).
+    """
     j_conf = _pyflink.j_env_configuration(stream)
-    return str(j_conf.getString(ENABLED_KEY, "false")).strip().lower() == "true"
+    raw = j_conf.getString(ENABLED_KEY, None)
+    return raw is not None and bool(option_value("enabled", raw))
 
 
 def _one_input(original: Any, data_stream: Any, func: Any, func_type: int,
