@@ -48,6 +48,7 @@ from pyflink.datastream.window import (
     TumblingEventTimeWindows,
 )
 from test_switch_flink import (
+    FIVE_HOURS_LATE,
     RULES,
     AirportTraffic,
     AverageDelay,
@@ -76,7 +77,7 @@ FLIGHTS = 6000
 #: Sleep per record in the first run (ms): the whole input would take ~24 s.
 THROTTLE_MS = 4.0
 KINDS = {"reduce", "map", "flat_map", "filter", "connect", "tumbling", "sliding", "session",
-         "daily-apply", "daily-process", "broadcast", "broadcast-alert"}
+         "daily-apply", "daily-process", "broadcast", "broadcast-alert", "broadcast-side"}
 #: Outputs of the end of input only (windows, the broadcast function's timers).
 WINDOW_KINDS = {"tumbling", "sliding", "session", "daily-apply", "daily-process",
                 "broadcast-alert"}
@@ -127,9 +128,10 @@ def build_rescale_job(env: StreamExecutionEnvironment, flights: list[Any], p: in
         .set_parallelism(p).uid("daily-apply"),
         by_carrier.window(TumblingEventTimeWindows.of(Time.days(1)))
         .process(DailyWithWindowState()).set_parallelism(p).uid("daily-process"),
-        by_origin.connect(rule_source(env).broadcast(RULES)).process(DelayAlerts())
-        .set_parallelism(p).uid("broadcast"),
     ]
+    alerts = by_origin.connect(rule_source(env).broadcast(RULES)).process(DelayAlerts()) \
+        .set_parallelism(p).uid("broadcast")
+    outputs += [alerts, alerts.get_side_output(FIVE_HOURS_LATE)]
     return outputs[0].union(*outputs[1:]).map(AppendTo(output)) \
         .add_sink(SinkFunction("org.apache.flink.streaming.api.functions.sink.DiscardingSink"))
 
