@@ -14,6 +14,7 @@ import click
 
 from pyflink_ndb.config import NdbStateOptions, redact_url, resolve_sqlite_url
 from pyflink_ndb.errors import NdbStateError, StaleReadError
+from pyflink_ndb.operator_ids import operator_id_of_uid
 from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.serialization.values import decode_value
 from pyflink_ndb.stores.base import SnapshotRow, StateStore
@@ -76,7 +77,7 @@ def main() -> None:
 @main.command()
 @_url
 @_namespace
-@click.option("--operator", default=None, help="Operator uid (default: all).")
+@click.option("--operator", default=None, help="Operator: its uid (default: all).")
 @click.option("--state", "state_name", default=None, help="State name (default: all).")
 @click.option("--limit", default=20, show_default=True,
               help="Entries to print (0: all); only what is printed is read.")
@@ -91,6 +92,8 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
             if operator is None:
                 raise click.ClickException("--sql needs --operator: each operator's "
                                            "committed checkpoint is its own.")
+            operator = _resolve_operator(namespace, operator,
+                                         [o.operator for o in store.operators()])
             sql, params = store.committed_sql(operator)
             click.echo(store._sql(sql))
             click.echo("-- parameters: " + json.dumps(params, default=repr))
@@ -98,10 +101,8 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
         if limit < 0:
             raise click.ClickException(f"--limit must be 0 (all) or more, not {limit}.")
         known = {o.operator: o for o in store.operators()}
-        if operator is not None and operator not in known:
-            raise click.ClickException(
-                f"Namespace {namespace!r} has no operator {operator!r}; its operators: "
-                f"{', '.join(sorted(known)) or 'none'}.")
+        if operator is not None:
+            operator = _resolve_operator(namespace, operator, known)
         ops = [operator] if operator is not None else sorted(known)
         if state_name is not None:
             names = {r["state_name"] for op in ops for r in store.catalog(op)}
@@ -136,6 +137,8 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
 def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
              branches: tuple[int, ...], job: str | None) -> None:
     with _opened(_open, url, namespace) as store:
+        operator = _resolve_operator(namespace, operator,
+                                     [o.operator for o in store.operators()])
         row = store.read_operator(operator)
         owners = {br for _, _, br in row.owners} if row is not None else set()
         committed = set() if row is None or row.committed is None else {
@@ -304,11 +307,22 @@ def _operators(store: StateStore, namespace: str, operator: str | None) -> list[
     known = sorted(o.operator for o in store.operators())
     if operator is None:
         return known
-    if operator not in known:
-        raise click.ClickException(
-            f"Namespace {namespace!r} has no operator {operator!r}; its operators: "
-            f"{', '.join(known) or 'none'}.")
-    return [operator]
+    return [_resolve_operator(namespace, operator, known)]
+
+
+def _resolve_operator(namespace: str, operator: str, known: Any) -> str:
+    """`operator` as stored: the name itself, or, for an operator of the job-wide switch
+    (stored under its Flink operator ID), the ID of the uid given.
+
+    :raises click.ClickException: neither is an operator of the namespace (lists them)."""
+    if operator in known:
+        return operator
+    flink_id = operator_id_of_uid(operator)
+    if flink_id in known:
+        return flink_id
+    raise click.ClickException(
+        f"Namespace {namespace!r} has no operator {operator!r} (nor one whose Flink operator "
+        f"ID is that uid's, {flink_id}); its operators: {', '.join(sorted(known)) or 'none'}.")
 
 
 def _states(store: StateStore, ops: Sequence[str], state_name: str | None
@@ -515,7 +529,7 @@ def _read_entries(store: StateStore, states: dict[str, list[StateInfo]], *, key:
 @main.command()
 @_url
 @_namespace
-@click.option("--operator", required=True, help="Operator uid.")
+@click.option("--operator", required=True, help="Operator: its uid.")
 @click.option("--state", "state_name", required=True, help="State name.")
 @_key_type
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json",
@@ -556,7 +570,7 @@ def get(url: str, namespace: str, operator: str, state_name: str, key_type: str,
 @main.command()
 @_url
 @_namespace
-@click.option("--operator", default=None, help="Operator uid (default: all).")
+@click.option("--operator", default=None, help="Operator: its uid (default: all).")
 @click.option("--state", "state_name", default=None, help="State name (default: all).")
 @click.option("--key", "key_text", default=None, help="Only this Flink key.")
 @click.option("--prefix", default=None,
@@ -645,7 +659,7 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
 @main.command()
 @_url
 @_namespace
-@click.option("--operator", default=None, help="Operator uid (default: all).")
+@click.option("--operator", default=None, help="Operator: its uid (default: all).")
 @click.option("--all", "show_all", is_flag=True,
               help="Every restorable snapshot (retained and side checkpoints too).")
 @_format
@@ -685,7 +699,7 @@ def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
 @main.command()
 @_url
 @_namespace
-@click.option("--operator", default=None, help="Operator uid (default: all).")
+@click.option("--operator", default=None, help="Operator: its uid (default: all).")
 @click.option("--dry-run", is_flag=True, help="Count what would be removed; delete nothing.")
 def gc(url: str, namespace: str, operator: str | None, dry_run: bool) -> None:
     """Run garbage collection now: delete the versions that no restorable checkpoint or

@@ -370,3 +370,32 @@ def test_cli_creates_nothing_for_a_missing_sqlite_file(tmp_path: Path):
         out = run(*args, ok=False)
         assert "none.sqlite" in out.output
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_a_switched_operator_is_found_by_its_uid(tmp_path: Path):
+    # The job-wide switch stores an operator under its Flink operator ID; the CLI takes
+    # the uid the user gave (README's job: `.uid("counter")`).
+    from pyflink_ndb.operator_ids import operator_id_of_uid
+
+    url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+    options = NdbStateOptions(url=url, namespace="counts")
+    store = open_store(options)
+    flink_id = operator_id_of_uid("counter")
+    t = LocalSubtask(store, options, operator=flink_id, local_dir=str(tmp_path / "local"))
+    count = t.context.get_state(ValueStateDescriptor("count", Types.LONG()))
+    for key, n in (("a", 2), ("b", 1)):
+        t.key(key)
+        count.update(n)
+    t.checkpoint(1)
+    t.close()
+    store.close()
+    where = ["--url", url, "--namespace", "counts"]
+    got = json.loads(run("get", *where, "--operator", "counter", "--state", "count",
+                         "a").stdout)
+    assert got["value"] == 2 and got["checkpoint"] == 1
+    lines = [json.loads(line) for line in run("query", *where, "--operator", "counter")
+             .stdout.splitlines()]
+    assert {(r["key"], r["value"], r["operator"]) for r in lines} == {
+        ("a", 2, flink_id), ("b", 1, flink_id)}
+    missing = run("scan", *where, "--operator", "no-such-uid", ok=False)
+    assert operator_id_of_uid("no-such-uid") in missing.output and flink_id in missing.output

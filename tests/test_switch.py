@@ -231,3 +231,20 @@ def test_reduce_state_names_are_pinned_against_pyflinks_fresh_uuid():
     assert _pyflink.stable_state_name("_reduce_state" + str(uuid.uuid4())) == "_reduce_state"
     assert _pyflink.stable_state_name("_reduce_state_mine") == "_reduce_state_mine"
     assert _pyflink.stable_state_name("count") == "count"
+
+
+def test_operator_ids_are_flinks_hashes_of_the_uids():
+    # What Flink's StreamGraphHasherV2.generateUserSpecifiedHash computes, through the
+    # Guava that flink-dist ships (murmur3_128(0) over the uid's UTF-8 bytes).
+    from pyflink.java_gateway import get_gateway
+
+    from pyflink_ndb.operator_ids import operator_id_of_uid
+
+    hashing = get_gateway().jvm.org.apache.flink.shaded.guava31.com.google.common.hash.Hashing
+    charset = get_gateway().jvm.java.nio.charset.StandardCharsets.UTF_8
+    for uid in ("counter", "", "a", "12345678", "123456789", "sixteen-bytes-id",
+                "a uid longer than thirty-two bytes, with ünïcode ☃", "x" * 100):
+        java = hashing.murmur3_128(0).newHasher().putString(uid, charset).hash().toString()
+        assert operator_id_of_uid(uid) == str(java), uid
+    # The ID of the README example's `uid("counter")`, as a real job stored it.
+    assert operator_id_of_uid("counter") == "0da08f51eaa85fc298e176a139b3649a"
