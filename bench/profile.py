@@ -283,24 +283,20 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
     """Run the job on one backend for `duration_s` after every subtask's first record;
     Flink's checkpoint statistics over REST, the JVM's memory, then cancel. `flink_conf`:
     more Flink configuration (a variant; the part itself passes none)."""
-    from pyflink.common import WatermarkStrategy
-    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 
     from bench.run import (
         _DURABLE,
         CHECKPOINT_MS,
         checkpoint_stats,
-        discard,
         drop_namespace,
         flink_extra,
         flink_log_events,
         free_port,
-        keyed_process,
         make_environment,
         ndb_options,
         rest_get,
+        start_sequence_job,
         store_url,
-        wait_until,
     )
 
     _, label, kind, restore_mode = _BY_KEY[key]
@@ -327,17 +323,9 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
     sampler = RssSampler(jvm)
     sampler.start()
     rss_before_kb = proc_status_kb(jvm, "VmRSS")
-    source = env.from_source(NumberSequenceSource(0, 2 ** 62),
-                             WatermarkStrategy.no_watermarks(), "sequence").uid("sequence")
-    keyed = source.key_by(ZipfUser(), key_type=Types.LONG())
-    discard(keyed_process(kind, keyed, UserProfile(str(rates)), Types.LONG(), OPERATOR,
-                          options))
-    submitted = time.time()
-    client = env.execute_async(f"bench-profile-{key}")
-    job_id = str(client.get_job_id())
-    wait_until(lambda: len(list(rates.glob("rate-*"))) >= parallelism, 180,
-               "every subtask of the profile job to process records")
-    first = time.time()
+    client, job_id, submitted, first = start_sequence_job(
+        env, kind, ZipfUser(), UserProfile(str(rates)), OPERATOR, options,
+        f"bench-profile-{key}", rates, parallelism, "profile job")
     time.sleep(duration_s)
     metrics: dict[str, float] = {}
     try:

@@ -506,14 +506,36 @@ def durable_lines(since: float, until: float) -> list[dict[str, Any]]:
     return out
 
 
+def start_sequence_job(env: Any, kind: str, key_selector: Any, function: Any, operator: str,
+                       options: Mapping[str, str], job_name: str, rates: Path,
+                       parallelism: int, what: str) -> tuple[Any, str, float, float]:
+    """Submit a job of the bench's rate jobs: an endless sequence source keyed by
+    `key_selector` (LONG keys) into `function` on backend `kind`, its output discarded;
+    returns once every subtask wrote its first per-second rate file into `rates`.
+
+    :returns: (the JobClient, the job id, time submitted, time every subtask had records).
+    """
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+
+    source = env.from_source(NumberSequenceSource(0, 2 ** 62), WatermarkStrategy
+                             .no_watermarks(), "sequence").uid("sequence")
+    keyed = source.key_by(key_selector, key_type=Types.LONG())
+    discard(keyed_process(kind, keyed, function, Types.LONG(), operator, options))
+    submitted = time.time()
+    client = env.execute_async(job_name)
+    job_id = str(client.get_job_id())
+    wait_until(lambda: len(list(rates.glob("rate-*"))) >= parallelism, 180,
+               f"every subtask of the {what} to process records")
+    return client, job_id, submitted, time.time()
+
+
 def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url: str,
               parallelism: int, or_terms: int | None = None) -> dict[str, Any]:
     """A job that updates a ValueState counter of keys `i % 100,000` of a sequence source
     as fast as it can, for `duration_s` after its first record, with checkpoints every
     second; then Flink's checkpoint statistics over REST, and the job is cancelled.
     `or_terms`: the experiment of :class:`bench.functions.RateCounter`."""
-    from pyflink.common import Types, WatermarkStrategy
-    from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 
     from bench.functions import ModuloKey, RateCounter
 
@@ -535,17 +557,10 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     extra.update({"rest.port": str(port), "rest.bind-port": str(port),
                   "web.checkpoints.history": "1000"})
     env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
-    source = env.from_source(NumberSequenceSource(0, 2 ** 62), WatermarkStrategy
-                             .no_watermarks(), "sequence").uid("sequence")
-    keyed = source.key_by(ModuloKey(PAUSE_JOB_KEYS), key_type=Types.LONG())
-    discard(keyed_process(kind, keyed, RateCounter(str(rates), or_terms), Types.LONG(),
-                          PAUSE_OPERATOR, options))
-    submitted = time.time()
-    client = env.execute_async(f"bench-checkpoint-{tag}")
-    job_id = str(client.get_job_id())
-    wait_until(lambda: len(list(rates.glob("rate-*"))) >= parallelism, 180,
-               "every subtask of the checkpoint job to process records")
-    first = time.time()
+    client, job_id, submitted, first = start_sequence_job(
+        env, kind, ModuloKey(PAUSE_JOB_KEYS), RateCounter(str(rates), or_terms),
+        PAUSE_OPERATOR, options, f"bench-checkpoint-{tag}", rates, parallelism,
+        "checkpoint job")
     time.sleep(duration_s)
     try:
         stats = checkpoint_stats(port, job_id)
