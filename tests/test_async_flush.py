@@ -824,11 +824,14 @@ def test_value_too_large_is_raised_at_update_and_the_async_checkpoint_is_unharme
 @pytest.mark.parametrize("kind", STORES)
 @pytest.mark.parametrize("tier", list(TIER_OPTIONS))
 def test_list_state_segments_and_rewrites_across_in_flight_epochs(
-        store_factory, local_dir, kind, tier):
-    """Appends across many epochs make one segment each until the list is rewritten into
-    one (MAX_SEGMENTS); update() rewrites too; all with earlier epochs still in flight and
-    one failing in the background."""
+        store_factory, local_dir, kind, tier, monkeypatch):
+    """Appends across many epochs make one segment each (no segment counts as small here)
+    until the list is rewritten into one (MAX_SEGMENTS); update() rewrites too; all with
+    earlier epochs still in flight and one failing in the background."""
+    from pyflink_ndb.state import list as list_state
     from pyflink_ndb.state.list import MAX_SEGMENTS
+
+    monkeypatch.setattr(list_state, "SMALL_SEGMENT_BYTES", 0)
 
     store = store_factory(kind)
     options = opts(tier)

@@ -788,8 +788,11 @@ def test_unpicklable_values_fail_at_update_and_change_nothing(store_factory, loc
 
 
 @pytest.mark.parametrize("call", ["update", "add_all-compaction"])
-def test_failed_list_write_changes_nothing(store_factory, local_dir, call):
+def test_failed_list_write_changes_nothing(store_factory, local_dir, call, monkeypatch):
+    from pyflink_ndb.state import list as list_state
     from pyflink_ndb.state.list import MAX_SEGMENTS
+
+    monkeypatch.setattr(list_state, "SMALL_SEGMENT_BYTES", 0)  # a segment per checkpoint
 
     store = store_factory("sqlite")
     job = Job(store, NdbStateOptions(), local_dir)

@@ -642,9 +642,13 @@ def test_key_over_the_limit_fails_the_update_and_stores_nothing(h: Harness) -> N
 
 # -- long lists -------------------------------------------------------------------------
 
-def test_list_appended_over_many_checkpoints(h: Harness) -> None:
-    """One segment per checkpoint, compacted after MAX_SEGMENTS (32) segments."""
+def test_list_appended_over_many_checkpoints(h: Harness, monkeypatch) -> None:
+    """One segment per checkpoint (none counts as small here), compacted after
+    MAX_SEGMENTS (32) segments."""
+    from pyflink_ndb.state import list as list_state
     from pyflink_ndb.state.list import MAX_SEGMENTS
+
+    monkeypatch.setattr(list_state, "SMALL_SEGMENT_BYTES", 0)
 
     expected: list[int] = []
     for cp in range(MAX_SEGMENTS + 5):
@@ -664,6 +668,52 @@ def test_list_appended_over_many_checkpoints(h: Harness) -> None:
     h.restart()
     h.key("k")
     assert h.list().get() == [1]
+
+
+def _segments(h: Harness) -> int:
+    state = h.list()
+    return state._head(*state._key())[0]
+
+
+def test_a_short_list_stays_one_segment_across_checkpoints(h: Harness) -> None:
+    """Issue 9: appends go to the newest segment while it is under SMALL_SEGMENT_BYTES,
+    whichever epoch wrote it; a head that does not change is not written again."""
+    expected: list[str] = []
+    for cp in range(40):
+        h.key("short")
+        h.list().add(f"e{cp}")
+        expected.append(f"e{cp}")
+        dirty = h.sub.backend.table.dirty_count
+        h.list().add(f"f{cp}")
+        expected.append(f"f{cp}")
+        assert h.sub.backend.table.dirty_count == dirty == 2, \
+            "the segment and the head (its epoch token), once each per epoch"
+        h.checkpoint(complete=cp % 4 != 3)
+        if cp == 20:
+            h.maybe_restart()
+        h.key("short")
+        assert _segments(h) == 1, cp
+    h.key("short")
+    assert h.list().get() == expected
+    h.restart()
+    h.key("short")
+    assert h.list().get() == expected and _segments(h) == 1
+
+
+def test_a_long_list_opens_a_new_segment_once_the_newest_is_large(h: Harness) -> None:
+    from pyflink_ndb.state.list import SMALL_SEGMENT_BYTES
+
+    element = "x" * (SMALL_SEGMENT_BYTES // 3)
+    for cp in range(9):
+        h.key("long")
+        h.list().add(element + str(cp))
+        h.checkpoint()
+        h.key("long")
+        # three elements fill a segment past the threshold; the fourth opens the next one
+        assert _segments(h) == 1 + cp // 3, cp
+    h.maybe_restart()
+    h.key("long")
+    assert h.list().get() == [element + str(cp) for cp in range(9)]
 
 
 # -- namespaces (window state, issue 11) ------------------------------------------------

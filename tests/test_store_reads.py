@@ -60,9 +60,14 @@ def test_without_tier_2_misses_still_read_the_store(store, local_dir):
 @pytest.mark.parametrize("store_kind", ["sqlite", "mysql"])
 def test_a_list_of_many_segments_is_read_in_one_query_after_a_restore(store_kind,
                                                                       store_factory,
-                                                                      local_dir):
+                                                                      local_dir,
+                                                                      monkeypatch):
     """Issue 9: entries that miss together (a list's segments) cost one round trip."""
     from pyflink.datastream.state import ListStateDescriptor
+
+    from pyflink_ndb.state import list as list_state
+
+    monkeypatch.setattr(list_state, "SMALL_SEGMENT_BYTES", 0)  # a segment per checkpoint
 
     store = store_factory(store_kind)
     descriptor = ListStateDescriptor("l", ANY)
@@ -81,3 +86,38 @@ def test_a_list_of_many_segments_is_read_in_one_query_after_a_restore(store_kind
     assert items.get() == list(range(1, 11))
     assert second.backend.table.store_reads - reads == 2, "the head, then every segment"
     second.close()
+
+
+def test_an_entry_read_from_tier_2_and_evicted_unchanged_is_not_written_again(
+        store, local_dir):
+    """Issue 9 (cheaper evictions): tier 2 keeps what it gave tier 1, so evicting that
+    entry again writes nothing; a changed entry is written; every value stays right,
+    across a checkpoint and a restore."""
+    options = NdbStateOptions(cache_max_entries=2)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    for i in range(20):
+        t.key(i)
+        v.update(i)
+    table = t.backend.table
+    first = table.tier2_writes
+    assert first == 18, "every entry but the two cached ones went to tier 2"
+    for i in range(20):  # read back from tier 2, then evicted unchanged
+        t.key(i)
+        assert v.value() == i
+    assert table.tier2_writes == first + 2, "only the two entries first written in tier 1"
+    t.checkpoint(1)
+    for i in range(0, 20, 2):  # half of them change: those evictions write
+        t.key(i)
+        v.update(i * 10)
+    for i in range(20):
+        t.key(i)
+        assert v.value() == (i * 10 if i % 2 == 0 else i)
+    t.checkpoint(2)
+    t.crash()
+    r = LocalSubtask(store, options, local_dir=local_dir, restored_checkpoint_id=2)
+    v = r.context.get_state(ValueStateDescriptor("v", ANY))
+    for i in range(20):
+        r.key(i)
+        assert v.value() == (i * 10 if i % 2 == 0 else i)
+    r.close()

@@ -12,7 +12,7 @@ entry whose older versions (written before this attempt) are not known yet is ma
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -67,14 +67,20 @@ def versions_to_keep(versions: Sequence[int], tombstones: Sequence[bool],
         key group.
     :param keep_above: versions greater than this are always kept (not yet completed).
     """
-    keep = {v for v in versions if v > keep_above}
+    keep = set(versions[bisect_right(versions, keep_above):])
     needed_by: dict[int, list[Ranges]] = {}
     for view in views:
         for v in reversed(versions):
-            if in_ranges(v, view):
-                needed_by.setdefault(v, []).append(view)
-                keep.add(v)
-                break
+            for lo, hi in view:  # in_ranges, inlined: this runs per entry and view
+                if lo <= v <= hi:
+                    break
+            else:
+                continue
+            needed_by.setdefault(v, []).append(view)
+            keep.add(v)
+            break
+    if True not in tombstones:
+        return keep
     tomb = dict(zip(versions, tombstones, strict=True))
     for v in sorted(keep):
         if v > keep_above or not tomb[v]:

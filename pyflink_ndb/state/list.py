@@ -2,9 +2,13 @@
 
 Layout per Flink key: a head entry (ukey = encoded key) holding `(segments, token)`, and
 segment entries (ukey = encoded key + encoded segment number) holding lists of elements.
-`add`/`add_all` append to the newest segment while it was created in the current epoch,
-else open a new one: appending to a long list writes one small segment per checkpoint,
-not the whole list. After :data:`MAX_SEGMENTS` segments the list is compacted into one.
+`add`/`add_all` append to the newest segment while it was written in the current epoch or
+is smaller than :data:`SMALL_SEGMENT_BYTES`, else open a new one: appending to a long list
+writes one small segment per checkpoint, not the whole list, while a short list stays one
+entry (a head and one segment: fewer entries to cache, evict and write than one segment per
+checkpoint). After :data:`MAX_SEGMENTS` segments the list is compacted into one. The
+head is rewritten only when it changes (its segment count, its epoch token or, with TTL,
+its expiry).
 With TTL each element carries its own expiry (as in Flink); expired elements are dropped
 and a list whose elements all expired is cleared, leaving no empty head behind.
 """
@@ -21,6 +25,10 @@ from pyflink_ndb.state.base import TieredState
 
 #: Segments after which a list is rewritten as one segment.
 MAX_SEGMENTS = 32
+#: Serialized size (bytes) below which the newest segment takes appends even when an
+#: earlier epoch wrote it: rewriting a segment this small costs less than the entry a new
+#: one adds to every tier (measured on the user-profile job of ``make bench``, part 7).
+SMALL_SEGMENT_BYTES = 2048
 
 
 class TieredListState(TieredState, InternalListState):
@@ -149,20 +157,34 @@ class TieredListState(TieredState, InternalListState):
         key_bytes, key_group = self._key()
         segments, token = self._head(key_bytes, key_group)
         items = self._wrap(values)
-        if segments and token == self._table.epoch_token:
-            last = self._read_segment(key_bytes, key_group, segments - 1)
-            self._write_segment(key_bytes, key_group, segments - 1, last + items)
-        elif segments + 1 > MAX_SEGMENTS:
+        epoch = self._table.epoch_token
+        if segments:
+            newest = self._table.get(self._state_id,
+                                     self._segment_key(key_bytes, segments - 1), key_group)
+            if token == epoch or len(newest.value or b"") < SMALL_SEGMENT_BYTES:
+                last = [] if newest.value is None else decode_value(newest.value)
+                self._write_segment(key_bytes, key_group, segments - 1, last + items)
+                self._update_head(key_bytes, key_group, segments, token, segments, items)
+                return
+        if segments + 1 > MAX_SEGMENTS:
             stored = self._stored_items(key_bytes, key_group, segments)
             self._rewrite(key_bytes, key_group, segments, stored + items)
             return
-        else:
-            self._write_segment(key_bytes, key_group, segments, items)
-            segments += 1
+        self._write_segment(key_bytes, key_group, segments, items)
+        self._update_head(key_bytes, key_group, segments, token, segments + 1, items)
+
+    def _update_head(self, key_bytes: bytes, key_group: int, old_segments: int,
+                     old_token: int, segments: int, items: list[Any]) -> None:
+        """Write the head after `items` were appended, unless it would not change."""
         head_expiry = self._head_expiry(items)
+        unchanged = old_segments == segments and old_token == self._table.epoch_token
         if head_expiry is not None:
             old = self._table.get(self._state_id, key_bytes, key_group).expires_at_ms
+            if unchanged and old is not None and old >= head_expiry:
+                return
             head_expiry = max(head_expiry, old or 0)
+        elif unchanged:
+            return
         self._write_head(key_bytes, key_group, segments, head_expiry)
 
     def update(self, values: list[Any] | None) -> None:

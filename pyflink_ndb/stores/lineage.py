@@ -45,7 +45,10 @@ def own_range(branch: int, epoch: int = MAX_EPOCH) -> Range:
 
 
 def in_ranges(version: int, ranges: Ranges) -> bool:
-    return any(lo <= version <= hi for lo, hi in ranges)
+    for lo, hi in ranges:  # a loop, not any(): this runs per entry in garbage collection
+        if lo <= version <= hi:
+            return True
+    return False
 
 
 def normalize(ranges: Iterable[Range]) -> Ranges:

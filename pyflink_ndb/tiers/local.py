@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Options, Rdict, ReadOptions
+from rocksdict import Options, Rdict, ReadOptions, WriteOptions
 
 _HEADER = struct.Struct(">bhq")  # has_value, key_group, expires_at_ms (-1 = none)
 
@@ -41,6 +41,12 @@ class LocalTier:
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         self._db = Rdict(str(self.path), options)
+        # No write-ahead log: tier 2 is emptied when the subtask opens, so nothing it held
+        # survives a crash anyway, and a put without the log costs a quarter (0.7 against
+        # 2.7 us per 400-byte entry here).
+        writes = WriteOptions()
+        writes.disable_wal = True
+        self._db.set_write_options(writes)
         self._written = False
 
     @staticmethod
