@@ -29,6 +29,8 @@ MAX_SEGMENTS = 32
 #: earlier epoch wrote it: rewriting a segment this small costs less than the entry a new
 #: one adds to every tier (measured on the user-profile job of ``make bench``, part 7).
 SMALL_SEGMENT_BYTES = 2048
+#: The encoded segment numbers (a list never holds more than MAX_SEGMENTS + 1 segments).
+_SEGMENT_SUFFIXES = tuple(encode_key(i) for i in range(MAX_SEGMENTS + 1))
 
 
 class TieredListState(TieredState, InternalListState):
@@ -68,7 +70,8 @@ class TieredListState(TieredState, InternalListState):
                         encode_value((segments, self._table.epoch_token)), expires)
 
     def _segment_key(self, key_bytes: bytes, index: int) -> bytes:
-        return key_bytes + encode_key(index)
+        suffix = _SEGMENT_SUFFIXES[index] if index <= MAX_SEGMENTS else encode_key(index)
+        return key_bytes + suffix
 
     def _read_segment(self, key_bytes: bytes, key_group: int, index: int) -> list[Any]:
         entry = self._table.get(self._state_id, self._segment_key(key_bytes, index),
@@ -90,8 +93,9 @@ class TieredListState(TieredState, InternalListState):
         return [(v, expires) for v in values]
 
     def _check(self, values: list[Any]) -> None:
-        if any(v is None for v in values):
-            raise ValueError("None cannot be added to a ListState (as in Flink); nothing "
+        for v in values:  # not `None in values`: that calls __eq__ of every element
+            if v is None:
+                raise ValueError("None cannot be added to a ListState (as in Flink); nothing "
                              "was changed.")
 
     def _stored_items(self, key_bytes: bytes, key_group: int, segments: int) -> list[Any]:

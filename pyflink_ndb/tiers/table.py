@@ -114,6 +114,8 @@ class TieredTable:
         #: Frozen epochs not yet durable, oldest first (they answer reads meanwhile).
         self._frozen: list[FrozenEpoch] = []
         self._index: dict[tuple[int, bytes], set[bytes]] = {}
+        self._prefix_memo: dict[bytes, bytes] = {}
+        self._prefix_memo_max = max(4 * cache_max_entries, 10_000)
         self._key_json_memo: LRUCache = LRUCache(maxsize=max(cache_max_entries, 100_000))
         self.store_reads = 0
         #: The version ranges the running branch sees in a key group (set by the
@@ -138,14 +140,24 @@ class TieredTable:
         self.epoch_token = uuid.uuid4().int >> 64
 
     # -- tier 1 bookkeeping ---------------------------------------------------------------
+    def _prefix(self, ukey: bytes) -> bytes:
+        """:func:`entry_prefix` of `ukey`, remembered: an entry is indexed when it enters
+        tier 1 and again when it leaves, and decoding the key costs more than a lookup."""
+        prefix = self._prefix_memo.get(ukey)
+        if prefix is None:
+            if len(self._prefix_memo) >= self._prefix_memo_max:
+                self._prefix_memo.clear()
+            prefix = self._prefix_memo[ukey] = entry_prefix(ukey)
+        return prefix
+
     def _index_add(self, eid: EntryId) -> None:
         if eid[0] in self.prefix_states:
-            prefix = entry_prefix(eid[1])
+            prefix = self._prefix(eid[1])
             self._index.setdefault((eid[0], prefix), set()).add(eid[1])
 
     def _index_drop(self, eid: EntryId) -> None:
         if eid[0] in self.prefix_states:
-            prefix = entry_prefix(eid[1])
+            prefix = self._prefix(eid[1])
             members = self._index.get((eid[0], prefix))
             if members is not None:
                 members.discard(eid[1])
