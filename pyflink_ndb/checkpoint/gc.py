@@ -13,10 +13,9 @@ entry whose older versions (written before this attempt) are not known yet is ma
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from cachetools import LRUCache
 
 from pyflink_ndb.stores.lineage import Ranges, in_ranges
 
@@ -101,19 +100,22 @@ class VersionLedger:
     """
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        ledger = self
-
-        class _Entries(LRUCache):  # type: ignore[misc]
-            def popitem(self) -> tuple[EntryRef, EntryVersions]:
-                ledger.forgot = True
-                return super().popitem()  # type: ignore[no-any-return]
-
-        self._entries: LRUCache = _Entries(maxsize=max_entries)
+        # An OrderedDict kept in write order, not a cachetools LRU: every written entry is
+        # recorded and looked up a few times per checkpoint, and these are C calls.
+        self._entries: OrderedDict[EntryRef, EntryVersions] = OrderedDict()
+        self._max_entries = max_entries
         #: Entries written since they were last collected.
         self.pending: set[EntryRef] = set()
         #: True once the ledger forgot an entry (or a write failed after some of its rows
         #: were committed): from then on no new entry is known to be complete at once.
         self.forgot = False
+
+    def _insert(self, ref: EntryRef) -> EntryVersions:
+        entry = self._entries[ref] = EntryVersions()
+        if len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)  # the least recently written
+            self.forgot = True
+        return entry
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -126,8 +128,11 @@ class VersionLedger:
         complete without reading the store."""
         entry = self._entries.get(ref)
         if entry is None:
-            entry = self._entries[ref] = EntryVersions()
-            entry.complete = only_own and not self.forgot
+            complete = only_own and not self.forgot
+            entry = self._insert(ref)
+            entry.complete = complete
+        else:
+            self._entries.move_to_end(ref)
         entry.add(version, tombstone)
         self.pending.add(ref)
 
@@ -138,7 +143,7 @@ class VersionLedger:
         """Merge the versions read from the store into the entry; it is complete after."""
         entry = self._entries.get(ref)
         if entry is None:
-            entry = self._entries[ref] = EntryVersions()
+            entry = self._insert(ref)
         for version, tombstone in stored:
             if version not in entry.versions:
                 entry.add(version, tombstone)

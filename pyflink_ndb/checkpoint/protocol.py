@@ -664,15 +664,18 @@ class CheckpointProtocol:
                 if entry.versions[0] <= keep_above:
                     done.append(ref)
                 continue
+            if entry.versions and entry.versions[0] > keep_above:
+                continue  # every version may still complete: all stay, nothing to decide
             kg = ref[0]
             views = views_by_kg.get(kg)
             if views is None:
                 views = views_by_kg[kg] = self._views(kg, protected)
             keep = versions_to_keep(entry.versions, entry.tombstones, views, keep_above)
-            drop = {v for v in entry.versions if v not in keep}
-            for v in sorted(drop):
-                deletions.append(Deletion(kg, ref[1], ref[2], v))
-            self.ledger.forget_versions(ref, drop)
+            if len(keep) < len(entry.versions):
+                drop = {v for v in entry.versions if v not in keep}
+                for v in sorted(drop):
+                    deletions.append(Deletion(kg, ref[1], ref[2], v))
+                self.ledger.forget_versions(ref, drop)
             if len(keep) <= 1 and all(v <= keep_above for v in keep):
                 done.append(ref)  # nothing left that a later retention change could free
         if deletions:
