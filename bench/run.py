@@ -28,7 +28,11 @@ Figures (see README, "Benchmarks"):
    Zipf-drawn user a ValueState, a MapState with TTL and a ListState (about 1 KB), on
    hashmap, RocksDB full and incremental, pyflink-ndb on SQLite and MariaDB, each in a
    fresh JVM: records/s, Flink's checkpoint end-to-end and sync durations, the JVM's
-   peak RSS.
+   peak RSS;
+8. recovery and rescale (`--only recovery-rescale`, bench/recovery.py; issue 9, workload c): N
+   keys × 1 KB built, a failure after a covering checkpoint, a 10,000-record probe of
+   random keys; stop-with-savepoint and a restore at another parallelism; on every
+   backend of part 7 (RocksDB also with native savepoints), each run in a fresh JVM.
 
 Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-pause.png).
 """
@@ -1387,6 +1391,10 @@ def summary_markdown(meta: dict, results: dict) -> str:
         from bench.profile import markdown as profile_markdown
 
         lines += profile_markdown(results["profile"])
+    if results.get("recovery_rescale"):
+        from bench.recovery import markdown as recovery_markdown
+
+        lines += recovery_markdown(results["recovery_rescale"])
     return "\n".join(lines)
 
 
@@ -1648,7 +1656,8 @@ def git_commit() -> str:
               default=ROOT / "bench" / "results", show_default=True)
 @click.option("--only", multiple=True,
               type=click.Choice(["throughput", "recovery", "snapshot", "checkpoint-pause",
-                                 "sql", "restore-rows", "reads", "profile"]),
+                                 "sql", "restore-rows", "reads", "profile",
+                                 "recovery-rescale"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run; `checkpoint-pause` is `snapshot` (part 3).")
 @click.option("--repeat", type=int, default=None,
@@ -1676,7 +1685,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         return
     parts = {"snapshot" if p == "checkpoint-pause" else p
              for p in only or ("throughput", "recovery", "snapshot", "sql", "restore-rows",
-                               "reads", "profile")}
+                               "reads", "profile", "recovery-rescale")}
     rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
     # This process's Flink log (read for the restore timeline), apart from the shared default
@@ -1693,7 +1702,8 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     started = time.monotonic()
     from tqdm import tqdm
 
-    order = ("throughput", "recovery", "snapshot", "sql", "restore-rows", "reads", "profile")
+    order = ("throughput", "recovery", "snapshot", "sql", "restore-rows", "reads", "profile",
+             "recovery-rescale")
     progress = tqdm(total=len(parts), desc="bench parts", unit=" part", file=sys.stderr,
                     disable=None)
 
@@ -1745,6 +1755,16 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
             [b[0] for b in PROFILE_BACKENDS
              if not (quick and b[0] == "ndb-mariadb-background")], parallelism, log=log)
     part_done(order[6])
+    if "recovery-rescale" in parts:
+        from bench.recovery import BACKENDS as RECOVERY_BACKENDS
+        from bench.recovery import QUICK_BACKENDS
+        from bench.recovery import bench_recovery as bench_recovery_rescale
+
+        results["recovery_rescale"] = bench_recovery_rescale(
+            mysql_url, NAMESPACE_PREFIX[0], WORK,
+            [10_000, 20_000] if quick else [10_000, 100_000, 1_000_000],
+            list(QUICK_BACKENDS) if quick else [b[0] for b in RECOVERY_BACKENDS], log=log)
+    part_done(order[7])
     progress.close()
     meta["elapsed_s"] = time.monotonic() - started
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results},

@@ -957,3 +957,74 @@ def test_the_writer_sleeps_as_long_as_the_cpu_time_it_used_since_its_last_yield(
     assert slept == pytest.approx([0.01 * writer_module.WRITER_PACE,
                                    0.004 * writer_module.WRITER_PACE,
                                    writer_module.MAX_PACE_SLEEP_S, 0])
+
+
+# -- 11. closing a subtask does not wait for background work (found by bench part 8) ------------
+def test_a_drained_close_waits_for_writes_but_not_for_background_jobs():
+    """Stop-with-savepoint drains the writer: its checkpoint writes finish, but background
+    jobs that queue their next page (a prefetch of the whole state, a garbage-collection
+    pass) are dropped instead of holding the task's end back."""
+    from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job
+
+    writer = BackgroundWriter("drain", 1 << 20)
+    pages: list[int] = []
+
+    def page() -> None:  # 100 pages of 0.1 s, each queueing the next, as a prefetch does
+        writer.check_cancelled()
+        time.sleep(0.1)
+        pages.append(len(pages))
+        if len(pages) < 100:
+            writer.submit(Job(page, name="prefetch page", background=True))
+
+    written: list[str] = []
+    writer.submit(Job(page, name="prefetch page", background=True))
+    while not pages:
+        time.sleep(0.01)
+    writer.submit(Job(lambda: written.append("epoch"), checkpoint_id=7, name="write"))
+    started = time.monotonic()
+    assert writer.wait_idle(30, foreground_only=True)
+    writer.close()
+    assert time.monotonic() - started < 2
+    assert written == ["epoch"], "the checkpoint write ran before the close"
+    assert len(pages) < 20, "the rest of the prefetch was dropped"
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
+        store_factory, local_dir, kind):
+    """A cancelled subtask's close waits for a garbage-collection run only up to its next
+    yield: here the run must read the stored versions of 20,000 entries (the ledger forgot
+    some) at 30 ms per 100 (a slow database), 6 s in all."""
+    store = store_factory(kind)
+    t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    protocol = t.backend.protocol
+    protocol.ledger.forgot = True  # no entry is known complete: GC reads versions
+    for i in range(20_000):
+        t.key(i)
+        v.update(i)
+    t.snapshot(1)  # not completed: no collection yet
+    reading = threading.Event()
+    real = protocol.wstore.read_versions
+
+    def slow_read(refs):
+        reading.set()
+        time.sleep(0.03 * len(refs) / 100)
+        return real(refs)
+
+    protocol.wstore.read_versions = slow_read
+    for i in range(20_000):
+        t.key(i)
+        v.update(-i)
+    t.snapshot(2)
+    t.complete(2, wait=False)
+    assert reading.wait(30), "garbage collection started"
+    started = time.monotonic()
+    t.crash()
+    assert time.monotonic() - started < 1.5
+    r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=2)
+    v = r.context.get_state(ValueStateDescriptor("v", ANY))
+    for i in (0, 1, 19_999):
+        r.key(i)
+        assert v.value() == -i
+    r.close()

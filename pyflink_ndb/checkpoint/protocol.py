@@ -75,6 +75,9 @@ BACKGROUND_SECONDS_PER_CHECKPOINT = 0.25
 #: Entries of the ledger's pending set one garbage-collection run looks at; a pass over
 #: them all goes on in further runs, each behind any checkpoint write.
 GC_ENTRIES_PER_RUN = 20_000
+#: Entries (versions read, entries decided, versions deleted) between two yields of a
+#: garbage-collection run: where a closing subtask stops it.
+GC_ENTRIES_PER_YIELD = 1_000
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class SubtaskScope:
     key_group_end: int
     job_id: str = ""
     attempt: int = 0
+
+
+def _no_pause() -> None:
+    """The `between` of work that runs inline (nothing to yield to)."""
 
 
 def fresh_start_conflict(store: StateStore, options: NdbStateOptions, operator: str,
@@ -532,10 +539,12 @@ class CheckpointProtocol:
         done; entries kept for retention stay pending for the next pass)."""
         self._gc_queued = False
         if not self._gc_todo:
-            self._gc_todo = sorted(self.ledger.pending)
-        chunk, self._gc_todo = (self._gc_todo[:GC_ENTRIES_PER_RUN],
-                                self._gc_todo[GC_ENTRIES_PER_RUN:])
-        self.collect_garbage(chunk)
+            # Unsorted (each chunk is sorted): sorting half a million entries at once holds
+            # the GIL for most of a second.
+            self._gc_todo = list(self.ledger.pending)
+        chunk = sorted(self._gc_todo[-GC_ENTRIES_PER_RUN:])
+        del self._gc_todo[-GC_ENTRIES_PER_RUN:]
+        self.collect_garbage(chunk, None if self.writer.inline else self.writer.check_cancelled)
         if self._gc_todo and not self.writer.inline:
             self._queue_gc(fence)  # the pass goes on when the writer is idle again
 
@@ -576,11 +585,15 @@ class CheckpointProtocol:
         return self.rows_written - before
 
     def close(self, drain: bool = False) -> None:
-        """Stop the writer: with `drain`, after it finished its queue (at most the retry
-        deadline plus 10 s); otherwise queued jobs are dropped (their checkpoints fail)
-        and a running one stops at its next statement. Nothing partial becomes visible
-        (the snapshot row of an epoch is written after all its rows)."""
-        if drain and not self.writer.wait_idle(self.options.db_retry_deadline_ms / 1000 + 10):
+        """Stop the writer: with `drain`, after it finished its checkpoint writes and
+        completions (at most the retry deadline plus 10 s); background jobs (garbage
+        collection, prefetch pages) are dropped even then — a later attempt adopts what
+        they left, and a stop-with-savepoint need not wait for a prefetch of the whole
+        state. Without `drain` queued jobs are dropped (their checkpoints fail) and a
+        running one stops at its next statement. Nothing partial becomes visible (the
+        snapshot row of an epoch is written after all its rows)."""
+        if drain and not self.writer.wait_idle(self.options.db_retry_deadline_ms / 1000 + 10,
+                                               foreground_only=True):
             log.warning("pyflink-ndb %s/%d: the background writer did not finish its queue "
                         "at close; the rest is dropped", self.scope.operator,
                         self.scope.subtask_index)
@@ -633,11 +646,16 @@ class CheckpointProtocol:
                 views.append(lineages[r.branch].at(key_group, r.epoch))
         return views
 
-    def collect_garbage(self, refs: Sequence[tuple[int, int, bytes]] | None = None) -> int:
+    def collect_garbage(self, refs: Sequence[tuple[int, int, bytes]] | None = None,
+                        between: Callable[[], None] | None = None) -> int:
         """Delete versions no protected snapshot needs, expired rows, and a bounded batch
         of abandoned versions; returns rows removed.
 
-        :param refs: the pending entries to look at (default: every pending one)."""
+        :param refs: the pending entries to look at (default: every pending one).
+        :param between: called between statements and every :data:`GC_ENTRIES_PER_YIELD`
+            entries (the background writer's :meth:`~BackgroundWriter.check_cancelled`:
+            a closing subtask stops a run there instead of waiting for it)."""
+        pause = between or _no_pause
         fence = self._require_open()
         assert self.lineage is not None
         protected = self.protected_snapshots()
@@ -649,13 +667,17 @@ class CheckpointProtocol:
             r for r in refs if r in self.ledger.pending]
         unknown = [ref for ref in pending
                    if (e := self.ledger.get(ref)) is None or not e.complete]
-        if unknown:
-            for ref, stored in self.wstore.read_versions(unknown).items():
+        for start in range(0, len(unknown), GC_ENTRIES_PER_YIELD):
+            pause()
+            part = unknown[start:start + GC_ENTRIES_PER_YIELD]
+            for ref, stored in self.wstore.read_versions(part).items():
                 self.ledger.learn(ref, stored)
         views_by_kg: dict[int, list[Ranges]] = {}
         deletions: list[Deletion] = []
         done = []
-        for ref in pending:
+        for n, ref in enumerate(pending):
+            if n % GC_ENTRIES_PER_YIELD == GC_ENTRIES_PER_YIELD - 1:
+                pause()
             entry = self.ledger.get(ref)
             if entry is None:
                 continue
@@ -678,8 +700,10 @@ class CheckpointProtocol:
                 self.ledger.forget_versions(ref, drop)
             if len(keep) <= 1 and all(v <= keep_above for v in keep):
                 done.append(ref)  # nothing left that a later retention change could free
-        if deletions:
-            removed += self.wstore.delete_exact(fence, deletions)
+        for start in range(0, len(deletions), GC_ENTRIES_PER_YIELD):
+            pause()
+            removed += self.wstore.delete_exact(
+                fence, deletions[start:start + GC_ENTRIES_PER_YIELD])
         self.ledger.pending.difference_update(done)
         if self._ttl_states:
             for seg in self.lineage.segments:

@@ -197,13 +197,25 @@ class BackgroundWriter:
         with self._cv:
             self._s.failure = None
 
-    def wait_idle(self, timeout_s: float | None = None) -> bool:
-        """Wait until every submitted job finished; False on timeout."""
+    def wait_idle(self, timeout_s: float | None = None, foreground_only: bool = False
+                  ) -> bool:
+        """Wait until every submitted job finished; False on timeout.
+
+        :param foreground_only: wait only for the jobs that are not `background` (a
+            background one may still be queued or running after)."""
         if self.inline:
             return True
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def busy() -> bool:
+            if not foreground_only:
+                return bool(self._s.queue) or self._s.running is not None
+            running = self._s.running
+            return (running is not None and not running.background) or any(
+                not job.background for job in self._s.queue)
+
         with self._cv:
-            while self._s.queue or self._s.running is not None:
+            while busy():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False

@@ -95,8 +95,8 @@ class TieredListState(TieredState, InternalListState):
     def _check(self, values: list[Any]) -> None:
         for v in values:  # not `None in values`: that calls __eq__ of every element
             if v is None:
-                raise ValueError("None cannot be added to a ListState (as in Flink); nothing "
-                             "was changed.")
+                raise ValueError("None cannot be added to a ListState (as in Flink); "
+                                 "nothing was changed.")
 
     def _stored_items(self, key_bytes: bytes, key_group: int, segments: int) -> list[Any]:
         """Every element, in order; segments that no tier holds come in one store query."""
