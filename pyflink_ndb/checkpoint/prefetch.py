@@ -68,7 +68,8 @@ class BackgroundPrefetch:
 
     def _submit(self, kg_index: int, sid_index: int, after: bytes | None) -> None:
         self.protocol.writer.submit(Job(lambda: self._page(kg_index, sid_index, after),
-                                        name="prefetch page", background=True))
+                                        name="prefetch page", background=True,
+                                        skip_at_drain=True))
 
     def _page(self, kg_index: int, sid_index: int, after: bytes | None) -> None:
         """Writer thread: one page; queues the next one."""

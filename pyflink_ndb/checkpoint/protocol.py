@@ -585,13 +585,13 @@ class CheckpointProtocol:
         return self.rows_written - before
 
     def close(self, drain: bool = False) -> None:
-        """Stop the writer: with `drain`, after it finished its checkpoint writes and
-        completions (at most the retry deadline plus 10 s); background jobs (garbage
-        collection, prefetch pages) are dropped even then — a later attempt adopts what
-        they left, and a stop-with-savepoint need not wait for a prefetch of the whole
-        state. Without `drain` queued jobs are dropped (their checkpoints fail) and a
-        running one stops at its next statement. Nothing partial becomes visible (the
-        snapshot row of an epoch is written after all its rows)."""
+        """Stop the writer: with `drain`, after it finished its checkpoint writes,
+        completions and garbage collection (at most the retry deadline plus 10 s); the
+        pages of a background prefetch are dropped even then (a stop-with-savepoint need
+        not wait for a prefetch of the whole state). Without `drain` queued jobs are
+        dropped (their checkpoints fail) and a running one stops at its next yield.
+        Nothing partial becomes visible (the snapshot row of an epoch is written after all
+        its rows)."""
         if drain and not self.writer.wait_idle(self.options.db_retry_deadline_ms / 1000 + 10,
                                                foreground_only=True):
             log.warning("pyflink-ndb %s/%d: the background writer did not finish its queue "

@@ -73,6 +73,9 @@ class Job:
         without running (each builds on the rows of the ones before it).
     :param background: runs only when no other job is queued (garbage collection,
         prefetch pages): checkpoint writes and completions go first.
+    :param skip_at_drain: a drained close (:meth:`BackgroundWriter.wait_idle` with
+        `foreground_only`) does not wait for it (prefetch pages: each queues the next, and
+        a subtask that ends needs none of them).
     """
 
     run: Callable[[], object]
@@ -81,6 +84,7 @@ class Job:
     fail_fast: bool = False
     name: str = "job"
     background: bool = False
+    skip_at_drain: bool = False
 
 
 @dataclass
@@ -201,8 +205,8 @@ class BackgroundWriter:
                   ) -> bool:
         """Wait until every submitted job finished; False on timeout.
 
-        :param foreground_only: wait only for the jobs that are not `background` (a
-            background one may still be queued or running after)."""
+        :param foreground_only: do not wait for the jobs marked `skip_at_drain` (they may
+            still be queued or running after)."""
         if self.inline:
             return True
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -211,8 +215,8 @@ class BackgroundWriter:
             if not foreground_only:
                 return bool(self._s.queue) or self._s.running is not None
             running = self._s.running
-            return (running is not None and not running.background) or any(
-                not job.background for job in self._s.queue)
+            return (running is not None and not running.skip_at_drain) or any(
+                not job.skip_at_drain for job in self._s.queue)
 
         with self._cv:
             while busy():
