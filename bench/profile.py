@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -440,6 +440,45 @@ def other_jobs() -> list[str]:
     return [line[:200] for line in lines if int(line.split()[0]) not in mine]
 
 
+def run_child(module: str, args: Mapping[str, Any], folder: Path, deadline_s: float,
+              poll_s: float = 5.0,
+              jobs_every_s: float = 0.0) -> tuple[int, list[float], set[str]]:
+    """Run `module`'s `child()` in a Python process of its own (`python -c "from <module>
+    import child; child()" '<json of args>'`, in ROOT) in a session of its own, with
+    FLINK_LOG_DIR `<folder>/log` (created) and its stdout and stderr in
+    `<folder>/child.log`; wait for it to end.
+
+    While it runs, the load average is sampled every `poll_s` seconds and :func:`other_jobs`
+    at the first poll and then at the first poll more than `jobs_every_s` seconds after
+    the last sample (0: every poll). `deadline_s` seconds after the start its process
+    group (the child and its JVM) is killed (SIGKILL).
+
+    Returns the return code (int; negative: the signal that ended it), the 1-minute load
+    averages sampled (floats) and the other jobs seen (set of `pgrep -fa` lines).
+    """
+    (folder / "log").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, FLINK_LOG_DIR=str(folder / "log"))
+    loads: list[float] = []
+    seen: set[str] = set()
+    with (folder / "child.log").open("w") as child_log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"from {module} import child; child()", json.dumps(args)],
+            cwd=ROOT, env=env, stdout=child_log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        deadline = time.monotonic() + deadline_s
+        last_jobs = 0.0
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            loads.append(os.getloadavg()[0])
+            if time.monotonic() - last_jobs > jobs_every_s:
+                last_jobs = time.monotonic()
+                seen.update(other_jobs())
+        if proc.poll() is None:  # the child and its JVM (its own session)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, loads, seen
+
+
 def bench_profile(mysql_url: str, prefix: str, work: Path, duration_s: float,
                   warmup_s: float, keys: Sequence[str], parallelism: int = 2,
                   log: Callable[[str], None] = print,
@@ -458,8 +497,6 @@ def bench_profile(mysql_url: str, prefix: str, work: Path, duration_s: float,
     for key in keys:
         folder = work / "profile" / key
         shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        (folder / "log").mkdir()
         result = folder / "result.json"
         args = {"key": key, "mysql_url": mysql_url, "prefix": prefix,
                 "duration_s": duration_s, "warmup_s": warmup_s, "parallelism": parallelism,
@@ -469,32 +506,18 @@ def bench_profile(mysql_url: str, prefix: str, work: Path, duration_s: float,
         load_before = os.getloadavg()
         log(f"profile: {_BY_KEY[key][1]}, {duration_s:.0f} s (load {load_before[0]:.2f}"
             + (f"; other jobs: {len(others)}" if others else "") + ")")
-        env = dict(os.environ, FLINK_LOG_DIR=str(folder / "log"))
         t0 = time.monotonic()
-        loads = [load_before[0]]
-        seen = set(others)
-        with (folder / "child.log").open("w") as child_log:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", "from bench.profile import child; child()",
-                 json.dumps(args)], cwd=ROOT, env=env, stdout=child_log,
-                stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.monotonic() + duration_s + 300
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(5)
-                loads.append(os.getloadavg()[0])
-                seen.update(other_jobs())
-            if proc.poll() is None:  # the child and its JVM (its own session)
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc.returncode != 0 or not result.exists():
+        returncode, loads, seen = run_child("bench.profile", args, folder, duration_s + 300,
+                                            poll_s=5)
+        if returncode != 0 or not result.exists():
             tail = (folder / "child.log").read_text(errors="replace").strip().splitlines()[-5:]
             run: dict[str, Any] = {"key": key, "label": _BY_KEY[key][1],
-                                   "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+                                   "error": f"exit {returncode}: " + " | ".join(tail)}
         else:
             run = json.loads(result.read_text())
         run.update(loadavg_before=load_before, loadavg_after=os.getloadavg(),
-                   loadavg_max=max(loads), other_jobs=sorted(seen),
-                   process_s=time.monotonic() - t0)
+                   loadavg_max=max([load_before[0], *loads]),
+                   other_jobs=sorted(seen.union(others)), process_s=time.monotonic() - t0)
         out["runs"][key] = run
         if "error" in run:
             log(f"  failed: {run['error'][:300]}")

@@ -59,7 +59,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -802,9 +801,10 @@ def bench_recovery(mysql_url: str, prefix: str, work: Path, sizes: Sequence[int]
                    flink_conf: dict[str, str] | None = None,
                    failure_delay_s: float = 0.0) -> dict[str, Any]:
     """Part 8: the recovery run of each backend of `keys` at each size of `sizes` (in
-    increasing order; see :func:`plan_size`), each in a process of its own. While one
-    runs, the load average and other developers' jobs are sampled every 2 s."""
-    from bench.profile import other_jobs
+    increasing order; see :func:`plan_size`), each in a process of its own
+    (:func:`bench.profile.run_child`). While one runs, the load average is sampled every
+    2 s and other developers' jobs about every 10 s."""
+    from bench.profile import other_jobs, run_child
 
     started = time.monotonic()
     out: dict[str, Any] = {
@@ -839,7 +839,6 @@ def bench_recovery(mysql_url: str, prefix: str, work: Path, sizes: Sequence[int]
                 continue
             folder = work / "recovery-rescale" / f"{key}-{n}"
             shutil.rmtree(folder, ignore_errors=True)
-            (folder / "log").mkdir(parents=True)
             result = folder / "result.json"
             args = {"key": key, "keys": n, "mysql_url": mysql_url, "prefix": prefix,
                     "work": str(folder / "work"), "result": str(result), "probe": probe,
@@ -850,36 +849,18 @@ def bench_recovery(mysql_url: str, prefix: str, work: Path, sizes: Sequence[int]
             code_at_start = code_version()
             log(f"recovery: {_BY_KEY[key][1]}, {n:,} keys (load {load_before[0]:.2f}"
                 + (f"; other jobs: {len(others)}" if others else "") + ")")
-            env = dict(os.environ, FLINK_LOG_DIR=str(folder / "log"))
             t0 = time.monotonic()
-            loads = [load_before[0]]
-            seen = set(others)
-            with (folder / "child.log").open("w") as child_log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", "from bench.recovery import child; child()",
-                     json.dumps(args)], cwd=ROOT, env=env, stdout=child_log,
-                    stderr=subprocess.STDOUT, start_new_session=True)
-                deadline = time.monotonic() + 600 + n / 400
-                last_jobs = 0.0
-                while proc.poll() is None and time.monotonic() < deadline:
-                    time.sleep(2)
-                    loads.append(os.getloadavg()[0])
-                    if time.monotonic() - last_jobs > 10:
-                        last_jobs = time.monotonic()
-                        seen.update(other_jobs())
-                if proc.poll() is None:  # the child and its JVM (its own session)
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            returncode, loads, seen = run_child("bench.recovery", args, folder, 600 + n / 400,
+                                                poll_s=2, jobs_every_s=10)
             if not result.exists():
                 tail = (folder / "child.log").read_text(errors="replace").strip().splitlines()
-                run: dict[str, Any] = {"error": f"exit {proc.returncode}: "
-                                       + " | ".join(tail[-5:])}
+                run: dict[str, Any] = {"error": f"exit {returncode}: " + " | ".join(tail[-5:])}
             else:
                 run = json.loads(result.read_text())
             run.update(key=key, label=_BY_KEY[key][1], keys=n, code=code_at_start,
                        loadavg_before=load_before,
-                       loadavg_after=os.getloadavg(), loadavg_max=max(loads),
-                       other_jobs=sorted(seen), process_s=time.monotonic() - t0)
+                       loadavg_after=os.getloadavg(), loadavg_max=max([load_before[0], *loads]),
+                       other_jobs=sorted(seen.union(others)), process_s=time.monotonic() - t0)
             out["runs"][f"{key}/{n}"] = run
             times.setdefault(key, {})[n] = (run["process_s"], scaling_s(run))
             if "failure_to_first_s" in run:
