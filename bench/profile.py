@@ -117,6 +117,52 @@ def new_profile(user: int, now_ms: int) -> dict[str, Any]:
             "counts": {}, "recent": 0, "padding": PADDING}
 
 
+def profile_descriptors() -> tuple[Any, Any, Any]:
+    """The job's three state descriptors: ValueState `profile`, MapState `last_seen` with
+    TTL (:data:`TTL_MS`, updated on create and write, never returns expired), ListState
+    `recent`."""
+    from pyflink.common.time import Time
+    from pyflink.datastream.state import (
+        ListStateDescriptor,
+        MapStateDescriptor,
+        StateTtlConfig,
+        ValueStateDescriptor,
+    )
+
+    ttl = (StateTtlConfig.new_builder(Time.milliseconds(TTL_MS))
+           .update_ttl_on_create_and_write().never_return_expired().build())
+    seen = MapStateDescriptor("last_seen", Types.STRING(), Types.LONG())
+    seen.enable_time_to_live(ttl)
+    return (ValueStateDescriptor("profile", Types.PICKLED_BYTE_ARRAY()), seen,
+            ListStateDescriptor("recent", Types.PICKLED_BYTE_ARRAY()))
+
+
+def profile_event(profile_state: Any, last_seen: Any, recent: Any, user: int, value: int,
+                  now_ms: int) -> bool:
+    """The state calls of one record of the job (for the current key `user`): read and
+    rewrite the profile, put the event's last-seen time, append the event to the recent
+    list and trim it. Shared by :class:`UserProfile` and the replay without Flink
+    (bench/statework.py). Returns True when the user was new (no profile)."""
+    event = EVENTS[value % len(EVENTS)]
+    profile = profile_state.value()
+    new = profile is None
+    if new:
+        profile = new_profile(user, now_ms)
+    profile["events"] += 1
+    profile["last_event"] = event
+    profile["last_seen_ms"] = now_ms
+    profile["counts"][event] = profile["counts"].get(event, 0) + 1
+    last_seen.put(event, now_ms)
+    recent.add((event, now_ms, value))
+    profile["recent"] += 1
+    if profile["recent"] > LIST_MAX:
+        kept = list(recent.get())[-LIST_KEEP:]
+        recent.update(kept)
+        profile["recent"] = len(kept)
+    profile_state.update(profile)
+    return new
+
+
 class UserProfile(KeyedProcessFunction):
     """Per user a ValueState profile, a MapState with TTL (last seen per event type) and a
     ListState of the recent events; emits nothing.
@@ -130,23 +176,10 @@ class UserProfile(KeyedProcessFunction):
         self.rate_dir = rate_dir
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        from pyflink.common.time import Time
-        from pyflink.datastream.state import (
-            ListStateDescriptor,
-            MapStateDescriptor,
-            StateTtlConfig,
-            ValueStateDescriptor,
-        )
-
-        ttl = (StateTtlConfig.new_builder(Time.milliseconds(TTL_MS))
-               .update_ttl_on_create_and_write().never_return_expired().build())
-        self.profile = runtime_context.get_state(
-            ValueStateDescriptor("profile", Types.PICKLED_BYTE_ARRAY()))
-        seen = MapStateDescriptor("last_seen", Types.STRING(), Types.LONG())
-        seen.enable_time_to_live(ttl)
-        self.last_seen = runtime_context.get_map_state(seen)
-        self.recent = runtime_context.get_list_state(
-            ListStateDescriptor("recent", Types.PICKLED_BYTE_ARRAY()))
+        profile, last_seen, recent = profile_descriptors()
+        self.profile = runtime_context.get_state(profile)
+        self.last_seen = runtime_context.get_map_state(last_seen)
+        self.recent = runtime_context.get_list_state(recent)
         self.path = Path(self.rate_dir) / f"rate-{runtime_context.get_index_of_this_subtask()}"
         self.second = 0
         self.count = 0
@@ -154,24 +187,9 @@ class UserProfile(KeyedProcessFunction):
 
     def process_element(self, value: int, ctx: KeyedProcessFunction.Context) -> Any:
         now = time.time()
-        now_ms = int(now * 1000)
-        event = EVENTS[value % len(EVENTS)]
-        profile = self.profile.value()
-        if profile is None:
-            profile = new_profile(ctx.get_current_key(), now_ms)
+        if profile_event(self.profile, self.last_seen, self.recent, ctx.get_current_key(),
+                         value, int(now * 1000)):
             self.new_users += 1
-        profile["events"] += 1
-        profile["last_event"] = event
-        profile["last_seen_ms"] = now_ms
-        profile["counts"][event] = profile["counts"].get(event, 0) + 1
-        self.last_seen.put(event, now_ms)
-        self.recent.add((event, now_ms, value))
-        profile["recent"] += 1
-        if profile["recent"] > LIST_MAX:
-            kept = list(self.recent.get())[-LIST_KEEP:]
-            self.recent.update(kept)
-            profile["recent"] = len(kept)
-        self.profile.update(profile)
         second = int(now)
         if second != self.second:
             if self.count:

@@ -32,7 +32,10 @@ Figures (see README, "Benchmarks"):
 8. recovery and rescale (`--only recovery-rescale`, bench/recovery.py; issue 9, workload c): N
    keys × 1 KB built, a failure after a covering checkpoint, a 10,000-record probe of
    random keys; stop-with-savepoint and a restore at another parallelism; on every
-   backend of part 7 (RocksDB also with native savepoints), each run in a fresh JVM.
+   backend of part 7 (RocksDB also with native savepoints), each run in a fresh JVM;
+9. state work without Flink (`--only state-work`, bench/statework.py; issue 9, item 4):
+   part 7's state calls replayed on a LocalSubtask: CPU microseconds per record of the
+   task thread and of the background writer, against a floor of plain dicts.
 
 Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-pause.png).
 """
@@ -1395,6 +1398,10 @@ def summary_markdown(meta: dict, results: dict) -> str:
         from bench.recovery import markdown as recovery_markdown
 
         lines += recovery_markdown(results["recovery_rescale"])
+    if results.get("state_work"):
+        from bench.statework import markdown as statework_markdown
+
+        lines += statework_markdown(results["state_work"])
     return "\n".join(lines)
 
 
@@ -1657,7 +1664,7 @@ def git_commit() -> str:
 @click.option("--only", multiple=True,
               type=click.Choice(["throughput", "recovery", "snapshot", "checkpoint-pause",
                                  "sql", "restore-rows", "reads", "profile",
-                                 "recovery-rescale"]),
+                                 "recovery-rescale", "state-work"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run; `checkpoint-pause` is `snapshot` (part 3).")
 @click.option("--repeat", type=int, default=None,
@@ -1685,7 +1692,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         return
     parts = {"snapshot" if p == "checkpoint-pause" else p
              for p in only or ("throughput", "recovery", "snapshot", "sql", "restore-rows",
-                               "reads", "profile", "recovery-rescale")}
+                               "reads", "profile", "recovery-rescale", "state-work")}
     rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
     # This process's Flink log (read for the restore timeline), apart from the shared default
@@ -1703,7 +1710,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     from tqdm import tqdm
 
     order = ("throughput", "recovery", "snapshot", "sql", "restore-rows", "reads", "profile",
-             "recovery-rescale")
+             "recovery-rescale", "state-work")
     progress = tqdm(total=len(parts), desc="bench parts", unit=" part", file=sys.stderr,
                     disable=None)
 
@@ -1765,6 +1772,13 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
             [10_000, 20_000] if quick else [10_000, 100_000, 1_000_000],
             list(QUICK_BACKENDS) if quick else [b[0] for b in RECOVERY_BACKENDS], log=log)
     part_done(order[7])
+    if "state-work" in parts:
+        from bench.statework import bench_statework
+
+        results["state_work"] = bench_statework(
+            mysql_url, NAMESPACE_PREFIX[0], 20_000 if quick else 60_000, 1 if quick else 3,
+            log=log)
+    part_done(order[8])
     progress.close()
     meta["elapsed_s"] = time.monotonic() - started
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results},

@@ -677,7 +677,8 @@ def _segments(h: Harness) -> int:
 
 def test_a_short_list_stays_one_segment_across_checkpoints(h: Harness) -> None:
     """Issue 9: appends go to the newest segment while it is under SMALL_SEGMENT_BYTES,
-    whichever epoch wrote it; a head that does not change is not written again."""
+    whichever epoch wrote it; a head whose segment count stays is not written again (its
+    epoch token goes stale, which only steers the layout)."""
     expected: list[str] = []
     for cp in range(40):
         h.key("short")
@@ -686,8 +687,8 @@ def test_a_short_list_stays_one_segment_across_checkpoints(h: Harness) -> None:
         dirty = h.sub.backend.table.dirty_count
         h.list().add(f"f{cp}")
         expected.append(f"f{cp}")
-        assert h.sub.backend.table.dirty_count == dirty == 2, \
-            "the segment and the head (its epoch token), once each per epoch"
+        assert h.sub.backend.table.dirty_count == dirty == (2 if cp == 0 else 1), \
+            "the segment alone per epoch (the head only when the list is created)"
         h.checkpoint(complete=cp % 4 != 3)
         if cp == 20:
             h.maybe_restart()

@@ -13,6 +13,8 @@ from typing import Any
 import pymysql
 import pytest
 from conftest import mysql_connect, unique_namespace
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.state import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 
@@ -996,20 +998,21 @@ def test_edge_values_through_mariadb_without_warnings(
 
 
 def test_state_rows_render_as_literals_of_their_column_types() -> None:
-    from pyflink_ndb.stores.mysql import render_state_row, render_statements
+    from pyflink_ndb.stores.mysql import render_state_row, render_statements, text_literal
 
-    quote = lambda text: "'" + text.replace("'", "''") + "'"  # noqa: E731
-    full = (3, 7, b"k'\\\x00", 9, 0, 0, 1, None, 2, b"\x00'\\v", '"it\'s"', '["k"]')
-    assert render_state_row(full, quote) == (
-        "(3,7,X'6b275c00',9,0,0,1,NULL,2,X'00275c76','\"it''s\"','[\"k\"]')")
+    full = (3, 7, b"k'\\\x00", 9, 0, 0, 1, None, 2, b"\x00'\\v", '"it\'s \u00e9"', '["k"]')
+    assert render_state_row(full) == (
+        "(3,7,X'6b275c00',9,0,0,1,NULL,2,X'00275c76',"
+        "_utf8mb4 X'226974277320c3a922',_utf8mb4 X'5b226b225d')")
+    assert text_literal("{}") == "_utf8mb4 X'7b7d'"
     tombstone = (3, 7, b"", 9, 0, 1, 1, 1234, 2, None, None, None)
-    assert render_state_row(tombstone, quote) == "(3,7,X'',9,0,1,1,1234,2,NULL,NULL,NULL)"
+    assert render_state_row(tombstone) == "(3,7,X'',9,0,1,1,1234,2,NULL,NULL,NULL)"
     with pytest.raises(ValueError):  # a float is never written as an integer column
-        render_state_row((3.5, *full[1:]), quote)
+        render_state_row((3.5, *full[1:]))
     # Statements split before they pass the limit; each row whole in one of them.
     rows = [(i, 7, b"k%03d" % i, 9, 0, 0, 1, None, 2, b"v" * 40, None, None)
             for i in range(50)]
-    statements = render_statements("REPLACE INTO t VALUES ", rows, quote, max_chars=1_000)
+    statements = render_statements("REPLACE INTO t VALUES ", rows, max_chars=1_000)
     assert len(statements) > 1 and all(len(s) <= 1_000 for s in statements)
     assert sum(s.count("),(") + 1 for s in statements) == 50
 
@@ -1017,8 +1020,8 @@ def test_state_rows_render_as_literals_of_their_column_types() -> None:
 @pytest.mark.mysql
 def test_state_rows_round_trip_with_no_backslash_escapes(
         store_factory: Callable[..., StateStore]) -> None:
-    # The connection's quoting follows the session's sql_mode (pymysql reads the
-    # server status flag): text with quotes and backslashes arrives unchanged either way.
+    # Text goes as hex literals with a character-set introducer, which no sql_mode
+    # changes: quotes, backslashes and non-ASCII text arrive unchanged either way.
     store = store_factory("mysql")
     sid = store.register_state(OP, "nbe", "value", "pickle-5", None)
     fence = branch(store)
@@ -1094,3 +1097,42 @@ def test_readers_do_not_create_tables(tmp_path):
     with pytest.raises(StateCompatibilityError, match="has no pyflink-ndb tables"):
         open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/x.sqlite", namespace="b"),
                    create=False)
+
+
+# -- JSON column ------------------------------------------------------------------------
+
+_json_scalars = (st.none() | st.booleans() | st.integers() | st.text()
+                 | st.floats(allow_nan=True, allow_infinity=True))
+_json_like = st.recursive(
+    _json_scalars,
+    lambda inner: (st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                   | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=3)),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_like)
+def test_value_json_fast_path_equals_the_reference_conversion(value) -> None:
+    """The plain-data check (no copy) renders exactly what the recursive conversion does:
+    tuples as arrays, dicts with a non-str key, NaN and lone surrogates as None."""
+    from pyflink_ndb.serialization.values import _ENCODER, _jsonable
+
+    try:
+        expected: str | None = _ENCODER.encode(_jsonable(value))
+        expected.encode("utf-8")
+    except (ValueError, RecursionError, UnicodeEncodeError):
+        expected = None
+    assert value_json(value) == expected
+
+
+def test_value_json_depth_limit_matches_the_reference() -> None:
+    from pyflink_ndb.serialization.values import MAX_JSON_DEPTH
+
+    def nested(depth: int) -> object:
+        value: object = 1
+        for _ in range(depth):
+            value = [value]
+        return value
+    assert value_json(nested(MAX_JSON_DEPTH)) == "[" * MAX_JSON_DEPTH + "1" + "]" * MAX_JSON_DEPTH
+    assert value_json(nested(MAX_JSON_DEPTH + 1)) is None
+    assert value_json({"a": {1: "x"}}) is None  # a non-str key anywhere: no JSON

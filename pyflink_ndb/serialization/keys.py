@@ -245,15 +245,23 @@ def split_key(data: bytes) -> tuple[bytes, bytes]:
     return data[:pos], data[pos:]
 
 
-def key_json(ukey: bytes) -> str | None:
-    """JSON of the Flink key at the start of an entry's ukey (None when it has no JSON form)."""
+def key_prefix_json(ukey: bytes) -> tuple[bytes | None, str | None]:
+    """(the encoded Flink key at the start of an entry's ukey, its JSON or None when it has
+    no JSON form), in one decode; (None, None) when `ukey` does not start with a complete
+    encoded key. The encoding is self-delimiting, so every ukey that starts with the
+    returned bytes holds the same Flink key."""
     from pyflink_ndb.serialization.values import value_json
 
     try:
-        prefix, _ = split_key(ukey)
-        return value_json(decode_key(prefix))
+        value, pos = _decode(ukey, 0)
     except (SerializationError, IndexError, ValueError):
-        return None
+        return None, None
+    return ukey[:pos], value_json(value)
+
+
+def key_json(ukey: bytes) -> str | None:
+    """JSON of the Flink key at the start of an entry's ukey (None when it has no JSON form)."""
+    return key_prefix_json(ukey)[1]
 
 
 #: First byte of an encoded namespace inside a ukey. No encoded key starts with it, so the

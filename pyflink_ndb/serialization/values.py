@@ -77,9 +77,7 @@ def value_json(value: Any) -> str | None:
     column stays the truth).
     """
     try:
-        # Fast path: a scalar, or a flat tuple/list of scalars (most state values), needs
-        # no recursive conversion; allow_nan=False rejects NaN/inf as _jsonable does.
-        if not _is_flat(value):
+        if not _plain(value):
             value = _jsonable(value)
         text = _ENCODER.encode(value)
         text.encode("utf-8")
@@ -92,8 +90,28 @@ _SCALARS = (type(None), bool, int, float, str)
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def _is_flat(value: Any) -> bool:
+def _plain(value: Any, depth: int = 0) -> bool:
+    """True when `value` is plain data that the JSON encoder (C) renders exactly as
+    :func:`_jsonable` would convert it: None, bool, int, float and str of exactly these
+    types, and lists, tuples and dicts with str keys of them, nested at most
+    :data:`MAX_JSON_DEPTH` levels. Checks without copying (most state values are plain);
+    anything else (a subclass, a Row, a dict with other keys, deeper nesting) returns False
+    and goes through :func:`_jsonable`. Non-finite floats raise in the encoder
+    (`allow_nan=False`) as they do in :func:`_jsonable`."""
     kind = type(value)
     if kind in _SCALARS:
         return True
-    return (kind is tuple or kind is list) and all(type(v) in _SCALARS for v in value)
+    if depth >= MAX_JSON_DEPTH:
+        return False
+    if kind is list or kind is tuple:
+        for item in value:
+            if type(item) not in _SCALARS and not _plain(item, depth + 1):
+                return False
+        return True
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _SCALARS
+                                        and not _plain(item, depth + 1)):
+                return False
+        return True
+    return False

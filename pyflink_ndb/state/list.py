@@ -7,8 +7,8 @@ is smaller than :data:`SMALL_SEGMENT_BYTES`, else open a new one: appending to a
 writes one small segment per checkpoint, not the whole list, while a short list stays one
 entry (a head and one segment: fewer entries to cache, evict and write than one segment per
 checkpoint). After :data:`MAX_SEGMENTS` segments the list is compacted into one. The
-head is rewritten only when it changes (its segment count, its epoch token or, with TTL,
-its expiry).
+head is rewritten only when its segment count or, with TTL, its expiry changes (an append
+to the newest segment leaves its epoch token as it was: :meth:`TieredListState._update_head`).
 With TTL each element carries its own expiry (as in Flink); expired elements are dropped
 and a list whose elements all expired is cleared, leaving no empty head behind.
 """
@@ -113,7 +113,8 @@ class TieredListState(TieredState, InternalListState):
 
     def _rewrite(self, key_bytes: bytes, key_group: int, old_segments: int,
                  items: list[Any]) -> None:
-        """Make the list exactly `items` (wrapped) in one segment; empty clears it.
+        """Make the list exactly `items` (wrapped) in one segment; empty clears it. A head
+        that already counts one segment stays (without TTL nothing in it changes).
 
         The new segment is serialized first, so a value that cannot be serialized raises
         before anything changes."""
@@ -128,7 +129,8 @@ class TieredListState(TieredState, InternalListState):
             return
         self._table.put(self._state_id, self._segment_key(key_bytes, 0), key_group, data,
                         self._segment_expiry(items))
-        self._write_head(key_bytes, key_group, 1, self._head_expiry(items))
+        if old_segments != 1 or self._ttl.ttl_ms is not None:
+            self._write_head(key_bytes, key_group, 1, self._head_expiry(items))
 
     def _head_expiry(self, items: list[Any]) -> int | None:
         return max(e for _, e in items) if self._ttl.ttl_ms and items else None
@@ -168,20 +170,27 @@ class TieredListState(TieredState, InternalListState):
             if token == epoch or len(newest.value or b"") < SMALL_SEGMENT_BYTES:
                 last = [] if newest.value is None else decode_value(newest.value)
                 self._write_segment(key_bytes, key_group, segments - 1, last + items)
-                self._update_head(key_bytes, key_group, segments, token, segments, items)
+                self._update_head(key_bytes, key_group, segments, segments, items)
                 return
         if segments + 1 > MAX_SEGMENTS:
             stored = self._stored_items(key_bytes, key_group, segments)
             self._rewrite(key_bytes, key_group, segments, stored + items)
             return
         self._write_segment(key_bytes, key_group, segments, items)
-        self._update_head(key_bytes, key_group, segments, token, segments + 1, items)
+        self._update_head(key_bytes, key_group, segments, segments + 1, items)
 
     def _update_head(self, key_bytes: bytes, key_group: int, old_segments: int,
-                     old_token: int, segments: int, items: list[Any]) -> None:
-        """Write the head after `items` were appended, unless it would not change."""
+                     segments: int, items: list[Any]) -> None:
+        """Write the head after `items` were appended, unless its segment count and expiry
+        stay: an append to the newest segment leaves the head's epoch token as it was.
+
+        The token only steers the layout (an append goes to the newest segment while the
+        token says the current epoch wrote it, or while it is small); a stale token makes a
+        later append open a new segment instead of growing a large one, which is as
+        correct. Not rewriting the head for its token spares a put, an eviction and a
+        written row per list and epoch (a short list: the segment alone changes)."""
         head_expiry = self._head_expiry(items)
-        unchanged = old_segments == segments and old_token == self._table.epoch_token
+        unchanged = old_segments == segments
         if head_expiry is not None:
             old = self._table.get(self._state_id, key_bytes, key_group).expires_at_ms
             if unchanged and old is not None and old >= head_expiry:

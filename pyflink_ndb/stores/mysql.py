@@ -278,7 +278,21 @@ def tls_connect_args(tls: dict[str, str]) -> dict[str, Any]:
 MAX_STATEMENT_CHARS = 1_024_000
 
 
-def render_state_row(row: tuple[Any, ...], quote: Any) -> str:
+def text_literal(text: str) -> str:
+    """`text` as a character-string literal: its UTF-8 bytes in hex with the `_utf8mb4`
+    introducer, e.g. `_utf8mb4 X'7b7d'` for `{}` (MySQL, MariaDB, RonDB: "Character Set
+    Introducers"). Independent of `sql_mode` (`NO_BACKSLASH_ESCAPES`) and of the
+    connection's character set, and 15 times cheaper than quoting through pymysql's
+    `escape_string` (0.8 against 12 us for a 311-character JSON text here): hex is
+    built in C, escaping translates every character.
+
+    :raises UnicodeEncodeError: `text` is not valid Unicode (a lone surrogate); the JSON
+        renderers never give such text (:func:`~pyflink_ndb.serialization.values.value_json`).
+    """
+    return "_utf8mb4 X'" + text.encode("utf-8").hex() + "'"
+
+
+def render_state_row(row: tuple[Any, ...]) -> str:
     """One row of the state table as SQL literals, `(kg, state_id, X'ukey', ...)`.
 
     The background writer renders every row of an epoch; pymysql's executemany escapes
@@ -286,24 +300,23 @@ def render_state_row(row: tuple[Any, ...], quote: Any) -> str:
     (it shares the task threads' GIL: docs/protocol.md, "Asynchronous flush"). The
     column types are fixed, so each is rendered directly: integers with `:d` (a float or
     a string raises `ValueError`/`TypeError` instead of being written), bytes as hex
-    literals (as pymysql 1.1+ renders them), text through `quote` (the connection's
-    `escape`, which honours `NO_BACKSLASH_ESCAPES`), None as NULL.
+    literals (as pymysql 1.1+ renders them), text (the JSON columns) as
+    :func:`text_literal`, None as NULL.
 
     :param row: the 12 columns of `StateStore._row_params`.
-    :param quote: `str -> quoted SQL string literal`.
     """
     kg, state_id, ukey, version, chunk, tombstone, chunks, expires, fmt, vbytes, vjson, \
         kjson = row
     expires_sql = "NULL" if expires is None else format(expires, "d")
     vbytes_sql = "NULL" if vbytes is None else "X'" + bytes(vbytes).hex() + "'"
-    vjson_sql = "NULL" if vjson is None else quote(str(vjson))
-    kjson_sql = "NULL" if kjson is None else quote(str(kjson))
+    vjson_sql = "NULL" if vjson is None else text_literal(vjson)
+    kjson_sql = "NULL" if kjson is None else text_literal(kjson)
     return (f"({kg:d},{state_id:d},X'{bytes(ukey).hex()}',{version:d},{chunk:d},"
             f"{tombstone:d},{chunks:d},{expires_sql},{fmt:d},{vbytes_sql},{vjson_sql},"
             f"{kjson_sql})")
 
 
-def render_statements(prefix: str, rows: Any, quote: Any,
+def render_statements(prefix: str, rows: Any,
                       max_chars: int = MAX_STATEMENT_CHARS) -> list[str]:
     """`prefix` + rendered rows, split into statements of at most `max_chars` characters
     (a single longer row gets a statement of its own)."""
@@ -311,7 +324,7 @@ def render_statements(prefix: str, rows: Any, quote: Any,
     current: list[str] = []
     size = len(prefix)
     for row in rows:
-        text = render_state_row(row, quote)
+        text = render_state_row(row)
         if current and size + len(text) + 1 > max_chars:
             statements.append(prefix + ",".join(current))
             current, size = [], len(prefix)
@@ -381,7 +394,7 @@ class MysqlStateStore(StateStore):
         """The rows rendered as literals (:func:`render_state_row`), in statements of at
         most :data:`MAX_STATEMENT_CHARS`, in the caller's transaction."""
         cur = self._conn.cursor()
-        for statement in render_statements(replace_into, rows, self._conn.escape):
+        for statement in render_statements(replace_into, rows):
             cur.execute(statement)
 
     @property

@@ -24,10 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from cachetools import LRUCache
-
 from pyflink_ndb.errors import ValueTooLargeError
-from pyflink_ndb.serialization.keys import entry_prefix, key_json
+from pyflink_ndb.serialization.keys import entry_prefix, key_json, key_prefix_json
 from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, StoredVersion, WriteRow
 from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
@@ -116,7 +114,10 @@ class TieredTable:
         self._index: dict[tuple[int, bytes], set[bytes]] = {}
         self._prefix_memo: dict[bytes, bytes] = {}
         self._prefix_memo_max = max(4 * cache_max_entries, 10_000)
-        self._key_json_memo: LRUCache = LRUCache(maxsize=max(cache_max_entries, 100_000))
+        #: (encoded Flink key, its JSON) by ukey, for the writer thread's rendering (a
+        #: plain dict emptied when full: no LRU bookkeeping per row).
+        self._key_json_memo: dict[bytes, tuple[bytes | None, str | None]] = {}
+        self._key_json_memo_max = max(cache_max_entries, 100_000)
         self.store_reads = 0
         #: The version ranges the running branch sees in a key group (set by the
         #: checkpoint protocol when it claims the key groups).
@@ -414,6 +415,11 @@ class TieredTable:
         the JSON column; `between()` is called every :data:`RENDER_YIELD_ROWS` rows."""
         rows = []
         view = frozen.local_view
+        # The rows come in (state, ukey) order, so the entries of one Flink key (a map's
+        # entries, a list's segments) follow each other: a ukey that starts with the
+        # previous row's encoded key has its JSON (the encoding is self-delimiting).
+        key: bytes | None = None
+        kjson: str | None = None
         for n, eid in enumerate(sorted(frozen.entries)):
             if between is not None and n % RENDER_YIELD_ROWS == RENDER_YIELD_ROWS - 1:
                 between()
@@ -422,19 +428,25 @@ class TieredTable:
                 if view is None:
                     raise AssertionError(f"frozen entry {eid!r} is in no tier")
                 entry = Entry(*unpack(view[LocalTier.key_of(eid[0], eid[1])]))
-            rows.append(WriteRow(
-                entry.key_group, eid[0], eid[1], entry.value is None, entry.value,
-                None if entry.value is None else json_of(eid[0], entry.value),
-                entry.expires_at_ms, None if entry.value is None else self._key_json(eid[1])))
+            if entry.value is None:
+                rows.append(WriteRow(entry.key_group, eid[0], eid[1], True, None, None,
+                                     entry.expires_at_ms, None))
+                continue
+            ukey = eid[1]
+            if key is None or not ukey.startswith(key):
+                key, kjson = self._key_json(ukey)
+            rows.append(WriteRow(entry.key_group, eid[0], ukey, False, entry.value,
+                                 json_of(eid[0], entry.value), entry.expires_at_ms, kjson))
         return rows
 
-    def _key_json(self, ukey: bytes) -> str | None:
-        """JSON of the Flink key at the start of `ukey`, remembered (keys recur every epoch)."""
-        try:
-            return self._key_json_memo[ukey]
-        except KeyError:
-            found = self._key_json_memo[ukey] = key_json(ukey)
-            return found
+    def _key_json(self, ukey: bytes) -> tuple[bytes | None, str | None]:
+        """:func:`key_prefix_json` of `ukey`, remembered (keys recur every epoch)."""
+        found = self._key_json_memo.get(ukey)
+        if found is None:
+            if len(self._key_json_memo) >= self._key_json_memo_max:
+                self._key_json_memo.clear()
+            found = self._key_json_memo[ukey] = key_prefix_json(ukey)
+        return found
 
     def release(self, frozen: FrozenEpoch) -> None:
         """`frozen` is durable in the store: it no longer answers reads."""
