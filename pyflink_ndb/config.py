@@ -66,6 +66,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Write each checkpoint in Flink's asynchronous phase, from a background "
                "thread with a connection of its own: the synchronous phase only freezes "
                "the dirty set. `false`: write it in the synchronous phase (the task waits)."),
+    OptionSpec("write.render-process", "write_render_process", False,
+               "MySQL-protocol stores with `write.async`: render each checkpoint's rows (the "
+               "JSON of values and keys, the SQL literals) in a Python process of its own "
+               "per subtask, off the TaskManager's interpreter lock, instead of on the "
+               "background writer's thread; the writer still executes the statements. A "
+               "child that fails is replaced (3 times at most); meanwhile the writer "
+               "renders itself."),
     OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,
                "Bound (bytes, estimated: values + keys + 120 per entry) of the frozen "
                "checkpoints not yet written; a checkpoint that would exceed it waits in "
@@ -130,6 +137,7 @@ class NdbStateOptions:
     local_dir: str | None = None
     write_batch_rows: int = 500
     write_async: bool = True
+    write_render_process: bool = False
     write_max_pending_bytes: int = 256 * 1024 * 1024
     restore_mode: str = "lazy"
     on_fresh_start: str = "fail"

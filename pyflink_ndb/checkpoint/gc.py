@@ -16,15 +16,16 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pyflink_ndb.stores.lineage import Ranges, in_ranges
 
 EntryRef = tuple[int, int, bytes]  # key group, state id, ukey
 
 
-@dataclass(frozen=True, slots=True)
-class Deletion:
-    """Delete one version (all its chunks) of one entry."""
+class Deletion(NamedTuple):
+    """Delete one version (all its chunks) of one entry. A named tuple: the collector makes
+    one per superseded version, on the writer thread that shares the task threads' GIL."""
 
     key_group: int
     state_id: int

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pyflink_ndb.checkpoint.gc import Deletion, VersionLedger, versions_to_keep
@@ -34,6 +34,7 @@ from pyflink_ndb.errors import (
     NamespaceInUseError,
     ValueTooLargeError,
 )
+from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
 from pyflink_ndb.stores.base import (
     COMPLETED,
     KIND_CHECKPOINT,
@@ -43,6 +44,7 @@ from pyflink_ndb.stores.base import (
     Fence,
     SnapshotRow,
     StateStore,
+    WriteRow,
     now_ms,
 )
 from pyflink_ndb.stores.lineage import (
@@ -60,6 +62,7 @@ from pyflink_ndb.stores.lineage import (
     subtract,
     version_of,
 )
+from pyflink_ndb.stores.render_process import Rendered, RenderProcess
 from pyflink_ndb.tiers.table import FrozenEpoch, TieredTable
 
 log = logging.getLogger(__name__)
@@ -173,7 +176,10 @@ class CheckpointProtocol:
         self.clock_ms = clock_ms
         self.ledger = VersionLedger(max(200_000, options.cache_max_entries * 4))
         self._ttl_states: set[int] = set()
-        self._json_of: Callable[[int, bytes], str | None] = lambda sid, value: None
+        self._json_renderers: Mapping[int, JsonRenderer] = {}
+        #: Renders epochs off the interpreter lock (`write.render-process`; created at the
+        #: first epoch written).
+        self.render_process: RenderProcess | None = None
         self.branch = 0
         self.lineage: Lineage | None = None
         self.fence: Fence | None = None
@@ -193,8 +199,13 @@ class CheckpointProtocol:
         self._adopted_done: set[tuple[int, int, int, int, int]] = set()
         self._lineages: dict[int, Lineage] = {}
 
-    def set_json_renderer(self, json_of: Callable[[int, bytes], str | None]) -> None:
-        self._json_of = json_of
+    def set_json_renderers(self, renderers: Mapping[int, JsonRenderer]) -> None:
+        """How each state's values are rendered for the JSON column (by state id; read
+        when each epoch is rendered, so states registered later are included)."""
+        self._json_renderers = renderers
+
+    def _json_of(self, state_id: int, value: bytes) -> str | None:
+        return self._json_renderers.get(state_id, PLAIN_JSON)(value)
 
     def add_ttl_state(self, state_id: int) -> None:
         self._ttl_states.add(state_id)
@@ -398,10 +409,11 @@ class CheckpointProtocol:
         version = version_of(self.branch, checkpoint_id)
         started = time.perf_counter()
         between = None if self.writer.inline else self.writer.check_cancelled
-        rows = self.table.render(frozen, self._json_of, between)
+        rows, rendered = self._render(frozen, version, between)
         try:
             written = self.wstore.write_versions(fence, version, rows,
-                                                 self.options.value_max_bytes, between)
+                                                 self.options.value_max_bytes, between,
+                                                 rendered=rendered)
             if between is not None:
                 between()
             self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
@@ -437,6 +449,30 @@ class CheckpointProtocol:
                  "written in the synchronous phase" if self.writer.inline else
                  f"synchronous phase {self.last_sync_ms:.2f} ms")
         return written
+
+    def _render(self, frozen: FrozenEpoch, version: int, between: Callable[[], None] | None
+                ) -> tuple[list[WriteRow], Rendered | None]:
+        """Writer thread: the rows of `frozen`, and their SQL literals when the render
+        process made them (`write.render-process`; None: the store renders them)."""
+        process = self._render_process()
+        if process is not None:
+            rows = self.table.render(frozen, None, between)
+            rendered = process.render(version, rows, self._json_renderers, self._json_of,
+                                      self.table.remembered_key_json, between)
+            if rendered is not None:
+                return rows, rendered
+        return self.table.render(frozen, self._json_of, between), None
+
+    def _render_process(self) -> RenderProcess | None:
+        """The render process, created at the first epoch that may use it; None without
+        the option, on a store that renders no literals, inline or after it gave up."""
+        if self.render_process is None:
+            if not (self.options.write_render_process and self.wstore.renders_literals
+                    and not self.writer.inline):
+                return None
+            self.render_process = RenderProcess(
+                f"{self.scope.operator}/{self.scope.subtask_index}")
+        return self.render_process if self.render_process.usable else None
 
     def settle(self, raise_fenced: bool = True) -> None:
         """Task thread, at every hook: take the writer's outcomes. A durable epoch stops
@@ -598,6 +634,8 @@ class CheckpointProtocol:
                         "at close; the rest is dropped", self.scope.operator,
                         self.scope.subtask_index)
         self.writer.close()
+        if self.render_process is not None:
+            self.render_process.close()
 
     # -- retention, garbage collection, cleanup -----------------------------------------
     def protected_snapshots(self) -> list[SnapshotRow]:

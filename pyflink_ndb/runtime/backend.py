@@ -33,7 +33,7 @@ from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.serialization.keys import encode_key
-from pyflink_ndb.serialization.values import SERIALIZER_NAME, decode_value, value_json
+from pyflink_ndb.serialization.values import PLAIN_JSON, SERIALIZER_NAME, JsonRenderer
 from pyflink_ndb.stores.base import StateStore, now_ms
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.lineage import Token
@@ -136,8 +136,9 @@ class SubtaskStateBackend:
                 SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
                              info.key_group_end, info.job_id, info.attempt), clock_ms,
                 write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
-            self.protocol.set_json_renderer(self._render_json)
-            self._json_renderers: dict[int, Callable[[bytes], str | None]] = {}
+            #: How each state's values are rendered for the JSON column, by state id.
+            self._json_renderers: dict[int, JsonRenderer] = {}
+            self.protocol.set_json_renderers(self._json_renderers)
             #: Key groups of recently seen keys (encoded key -> key group): each miss is a
             #: call into Java. A plain dict, emptied when full (cheaper per record and per
             #: entry than an LRU): about 100 bytes an entry.
@@ -194,8 +195,9 @@ class SubtaskStateBackend:
     # -- states ---------------------------------------------------------------------------
     def register_state(self, name: str, kind: str, ttl_ms: int | None, *,
                        prefix_keyed: bool = False,
-                       json_of: Callable[[bytes], str | None] | None = None) -> int:
-        """Declare a state of this operator; returns its state id.
+                       json_of: JsonRenderer = PLAIN_JSON) -> int:
+        """Declare a state of this operator; returns its state id. `json_of` renders its
+        stored values for the JSON column.
 
         :raises StateCompatibilityError: incompatible with the stored declaration.
         """
@@ -206,15 +208,8 @@ class SubtaskStateBackend:
             self.table.prefix_states.add(state_id)
         if ttl_ms is not None:
             self.protocol.add_ttl_state(state_id)
-        if json_of is not None:
-            self._json_renderers[state_id] = json_of
+        self._json_renderers[state_id] = json_of
         return state_id
-
-    def _render_json(self, state_id: int, value: bytes) -> str | None:
-        renderer = self._json_renderers.get(state_id)
-        if renderer is not None:
-            return renderer(value)
-        return value_json(decode_value(value))
 
     # -- current key ----------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+from dataclasses import dataclass
 from typing import Any
 
 from pyflink_ndb.errors import SerializationError
@@ -115,3 +116,35 @@ def _plain(value: Any, depth: int = 0) -> bool:
                 return False
         return True
     return False
+
+
+@dataclass(frozen=True)
+class JsonRenderer:
+    """Renders the JSON column of one state's stored values; a small frozen value, so that
+    it can be sent to the render process (:mod:`pyflink_ndb.stores.render_process`).
+
+    :param list_segments: a ListState: its head entry has no JSON, a segment's JSON is the
+        list of its elements.
+    :param ttl: the list's elements are stored as `(value, expires_at_ms)` pairs (a ListState
+        with TTL); the JSON holds the values.
+    """
+
+    list_segments: bool = False
+    ttl: bool = False
+
+    def __call__(self, data: bytes) -> str | None:
+        """JSON of stored value bytes (:func:`value_json`), or None.
+
+        :raises SerializationError: the bytes cannot be unpickled here.
+        """
+        value = decode_value(data)
+        if not self.list_segments:
+            return value_json(value)
+        if isinstance(value, tuple):  # the head: (segments, epoch token)
+            return None
+        return value_json([v for v, _ in value] if self.ttl else value)
+
+
+#: The renderer of every state but a ListState (ValueState, MapState entries, Reducing and
+#: AggregatingState).
+PLAIN_JSON = JsonRenderer()

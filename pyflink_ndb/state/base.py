@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyflink_ndb._pyflink import stable_state_name, ttl_config_of
 from pyflink_ndb.serialization.keys import encode_namespace
+from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
 from pyflink_ndb.tiers.table import Entry
 
 if TYPE_CHECKING:
@@ -77,8 +78,9 @@ class TieredState:
         key_bytes, key_group = self._backend.require_key()
         return key_bytes + self._namespace, key_group
 
-    def _json_of(self) -> Any:
-        return None
+    def _json_of(self) -> JsonRenderer:
+        """How this state's stored values are rendered for the JSON column."""
+        return PLAIN_JSON
 
     def _expiry(self) -> int | None:
         return None if self._ttl.ttl_ms is None else self._clock() + self._ttl.ttl_ms

@@ -20,7 +20,7 @@ from typing import Any
 from pyflink.fn_execution.internal_state import InternalListState
 
 from pyflink_ndb.serialization.keys import encode_key
-from pyflink_ndb.serialization.values import decode_value, encode_value, value_json
+from pyflink_ndb.serialization.values import JsonRenderer, decode_value, encode_value
 from pyflink_ndb.state.base import TieredState
 
 #: Segments after which a list is rewritten as one segment.
@@ -45,16 +45,8 @@ class TieredListState(TieredState, InternalListState):
     kind = "list"
     prefix_keyed = True
 
-    def _json_of(self) -> Any:
-        ttl = self._ttl.ttl_ms is not None
-
-        def render(data: bytes) -> str | None:
-            value = decode_value(data)
-            if isinstance(value, tuple):  # the head
-                return None
-            return value_json([v for v, _ in value] if ttl else value)
-
-        return render
+    def _json_of(self) -> JsonRenderer:
+        return JsonRenderer(list_segments=True, ttl=self._ttl.ttl_ms is not None)
 
     # -- layout ---------------------------------------------------------------------------
     def _head(self, key_bytes: bytes, key_group: int) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from typing import Any
 from pyflink.fn_execution.internal_state import InternalMapState
 
 from pyflink_ndb.serialization.keys import NAMESPACE_TAG, decode_key, encode_map_key
-from pyflink_ndb.serialization.values import decode_value, encode_value, value_json
+from pyflink_ndb.serialization.values import decode_value, encode_value
 from pyflink_ndb.state.base import TieredState
 
 
@@ -33,9 +33,6 @@ class TieredMapState(TieredState, InternalMapState):
 
     kind = "map"
     prefix_keyed = True
-
-    def _json_of(self) -> Any:
-        return lambda data: value_json(decode_value(data))
 
     def _ukey(self, map_key: Any) -> tuple[bytes, int]:
         user = encode_map_key(map_key)

@@ -101,6 +101,25 @@ class WriteRow(NamedTuple):
     key_json: str | None = None
 
 
+def row_params(version: int, row: WriteRow) -> Iterable[tuple[Any, ...]]:
+    """The database rows of one entry written as `version`: the 12 columns (key_group,
+    state_id, ukey, version, chunk, tombstone, chunks, expires_at_ms, fmt, vbytes, vjson,
+    kjson) of each chunk of :data:`CHUNK_BYTES` (one row for a tombstone). The JSON of the
+    value goes with a value of one chunk only; the key's JSON with chunk 0."""
+    if row.tombstone or row.value is None:
+        yield (row.key_group, row.state_id, row.ukey, version, 0, 1, 1, row.expires_at_ms,
+               FORMAT_VERSION, None, None, row.key_json)
+        return
+    value = row.value
+    chunks = max(1, -(-len(value) // CHUNK_BYTES))
+    for chunk in range(chunks):
+        part = value[chunk * CHUNK_BYTES:(chunk + 1) * CHUNK_BYTES]
+        yield (row.key_group, row.state_id, row.ukey, version, chunk, 0, chunks,
+               row.expires_at_ms, FORMAT_VERSION, part,
+               row.value_json if chunk == 0 and chunks == 1 else None,
+               row.key_json if chunk == 0 else None)
+
+
 @dataclass(frozen=True, slots=True)
 class Fence:
     """Who writes: the branch of a subtask attempt and the key groups it must still own."""
@@ -193,6 +212,8 @@ class StateStore(ABC):
     placeholder = "?"
     #: Commit every write batch (bounded transactions, for NDB) or once per epoch.
     commit_each_batch = True
+    #: :meth:`write_versions` takes rows rendered as SQL literals (MySQL protocol).
+    renders_literals = False
     #: Entries per statement that names entries one by one (`OR` of primary keys). 100:
     #: MariaDB 10.11 reads an `OR` of 300 primary keys as ranges but scans the table at
     #: 400-500 (EXPLAIN, measured with bench part 3); NDB's MySQL server likewise turns
@@ -726,18 +747,7 @@ class StateStore(ABC):
 
     # -- writes ---------------------------------------------------------------------------
     def _row_params(self, version: int, row: WriteRow) -> Iterable[tuple[Any, ...]]:
-        if row.tombstone or row.value is None:
-            yield (row.key_group, row.state_id, row.ukey, version, 0, 1, 1, row.expires_at_ms,
-                   FORMAT_VERSION, None, None, row.key_json)
-            return
-        value = row.value
-        chunks = max(1, -(-len(value) // CHUNK_BYTES))
-        for chunk in range(chunks):
-            part = value[chunk * CHUNK_BYTES:(chunk + 1) * CHUNK_BYTES]
-            yield (row.key_group, row.state_id, row.ukey, version, chunk, 0, chunks,
-                   row.expires_at_ms, FORMAT_VERSION, part,
-                   row.value_json if chunk == 0 and chunks == 1 else None,
-                   row.key_json if chunk == 0 else None)
+        return row_params(version, row)
 
     @staticmethod
     def check_sizes(rows: Iterable[WriteRow], value_max_bytes: int | None,
@@ -759,7 +769,8 @@ class StateStore(ABC):
 
     def write_versions(self, fence: Fence, version: int, rows: Iterable[WriteRow],
                        value_max_bytes: int | None = None,
-                       between: Callable[[], None] | None = None) -> int:
+                       between: Callable[[], None] | None = None,
+                       rendered: Sequence[Sequence[bytes]] | None = None) -> int:
         """Write entries as `version` (idempotent upserts), fenced, and commit.
 
         Every row is checked first (:meth:`check_sizes`) before anything is written. Rows
@@ -767,6 +778,11 @@ class StateStore(ABC):
         bytes, each of which first checks the fence. Returns the number of database rows
         written; returns only when every row is committed. `between()` is called before
         each transaction (the background writer's cancellation point; it may raise).
+
+        `rendered` (stores with :attr:`renders_literals` only): per row of `rows`, its
+        database rows already rendered as SQL literals (:func:`row_params` and
+        `render_state_row`, by the render process); None: rendered here. A rendered row
+        counts half its characters against :data:`MAX_BATCH_BYTES` (hex literals).
 
         :raises FencedError: the branch no longer owns its key groups.
         :raises ValueTooLargeError: see :meth:`check_sizes`.
@@ -779,9 +795,14 @@ class StateStore(ABC):
                "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) VALUES ")
         batches: list[list[tuple[Any, ...]]] = [[]]
         batch_bytes = 0
-        for row in rows:
-            for params in self._row_params(version, row):
-                size = (len(params[2]) + len(params[9] or b"") + len(params[10] or "")
+        if rendered is not None and not self.renders_literals:
+            raise TypeError(f"{type(self).__name__} does not take rows rendered as literals")
+        for index, row in enumerate(rows):
+            items: Iterable[Any] = (self._row_params(version, row) if rendered is None
+                                    else rendered[index])
+            for params in items:
+                size = (len(params) // 2 if rendered is not None else
+                        len(params[2]) + len(params[9] or b"") + len(params[10] or "")
                         + len(params[11] or ""))
                 current = batches[-1]
                 if current and self.commit_each_batch and (

@@ -317,28 +317,40 @@ def render_state_row(row: tuple[Any, ...]) -> str:
 
 
 def render_statements(prefix: str, rows: Any,
-                      max_chars: int = MAX_STATEMENT_CHARS) -> list[str]:
+                      max_chars: int = MAX_STATEMENT_CHARS) -> list[Any]:
     """`prefix` + rendered rows, split into statements of at most `max_chars` characters
-    (a single longer row gets a statement of its own)."""
-    statements: list[str] = []
-    current: list[str] = []
+    (a single longer row gets a statement of its own). `rows`: column tuples
+    (:func:`render_state_row`; the statements are str), or rows the render process
+    rendered (ASCII bytes; the statements are bytes, which pymysql sends unchanged)."""
+    statements: list[Any] = []
+    current: list[Any] = []
+    rendered = None
     size = len(prefix)
     for row in rows:
-        text = render_state_row(row)
+        if rendered is None:
+            rendered = type(row) is bytes
+        text = row if rendered else render_state_row(row)
         if current and size + len(text) + 1 > max_chars:
-            statements.append(prefix + ",".join(current))
+            statements.append(_statement(prefix, current, rendered))
             current, size = [], len(prefix)
         current.append(text)
         size += len(text) + 1
     if current:
-        statements.append(prefix + ",".join(current))
+        statements.append(_statement(prefix, current, bool(rendered)))
     return statements
+
+
+def _statement(prefix: str, rows: list[Any], rendered: bool) -> Any:
+    if rendered:
+        return prefix.encode("ascii") + b",".join(rows)
+    return prefix + ",".join(rows)
 
 
 class MysqlStateStore(StateStore):
     """Tier 3 on a MySQL-protocol server (RonDB/NDB, MySQL, MariaDB)."""
 
     placeholder = "%s"
+    renders_literals = True
 
     def __init__(self, url: str, namespace: str, write_batch_rows: int = 500,
                  user: str | None = None, password: str | None = None,

@@ -407,12 +407,13 @@ class TieredTable:
         self.epoch_token = uuid.uuid4().int >> 64
         return frozen
 
-    def render(self, frozen: FrozenEpoch, json_of: Callable[[int, bytes], str | None],
+    def render(self, frozen: FrozenEpoch, json_of: Callable[[int, bytes], str | None] | None,
                between: Callable[[], None] | None = None) -> list[WriteRow]:
         """The rows that write `frozen` (a tombstone where an entry has no value), in key
         order. Reads only the frozen epoch and its RocksDB snapshot: safe on the background
         writer's thread while the task thread goes on. `json_of(state_id, value)` renders
-        the JSON column; `between()` is called every :data:`RENDER_YIELD_ROWS` rows."""
+        the JSON column (None: the rows carry no JSON of the value or the key, which the
+        render process adds); `between()` is called every :data:`RENDER_YIELD_ROWS` rows."""
         rows = []
         view = frozen.local_view
         # The rows come in (state, ukey) order, so the entries of one Flink key (a map's
@@ -433,13 +434,17 @@ class TieredTable:
                                      entry.expires_at_ms, None))
                 continue
             ukey = eid[1]
+            if json_of is None:
+                rows.append(WriteRow(entry.key_group, eid[0], ukey, False, entry.value, None,
+                                     entry.expires_at_ms, None))
+                continue
             if key is None or not ukey.startswith(key):
-                key, kjson = self._key_json(ukey)
+                key, kjson = self.remembered_key_json(ukey)
             rows.append(WriteRow(entry.key_group, eid[0], ukey, False, entry.value,
                                  json_of(eid[0], entry.value), entry.expires_at_ms, kjson))
         return rows
 
-    def _key_json(self, ukey: bytes) -> tuple[bytes | None, str | None]:
+    def remembered_key_json(self, ukey: bytes) -> tuple[bytes | None, str | None]:
         """:func:`key_prefix_json` of `ukey`, remembered (keys recur every epoch)."""
         found = self._key_json_memo.get(ukey)
         if found is None:

@@ -1,0 +1,286 @@
+"""Rendering an epoch's state rows as SQL literals in a child process, off the interpreter
+lock (`state.backend.ndb.write.render-process`).
+
+In thread mode the task threads and the background writer share one interpreter and its
+lock (java-bridge/README.md): every microsecond of Python the writer spends on an epoch is
+taken from the records. The heaviest part of that work is rendering: unpickling each value
+for its JSON, encoding the JSON of the value and of the key, and the SQL literals of the
+rows (bench part 9 measures it). With this option the writer hands that part to a Python
+process of its own, which runs on another core: the writer sends the epoch's rows
+(pickled, C code), waits for the rendered text without holding the lock, and executes the
+statements itself as before (fenced, in bounded transactions, by
+:meth:`StateStore.write_versions <pyflink_ndb.stores.base.StateStore.write_versions>`).
+The text is the same as the writer's own rendering: both call :func:`render_rows`.
+
+Protocol: frames of an 8-byte big-endian length and a pickle on the child's stdin and
+stdout; a request is `(version, rows, renderers)` (rows as the tuples of :class:`WriteRow`
+without JSON,
+:class:`JsonRenderer` by state id), a reply `(rendered, undecodable)`: per row the
+rendered database rows, and the indexes of the rows whose value the child could not
+unpickle (a class that only the TaskManager's interpreter can import), which the writer
+renders itself, so the JSON column is the same as without the process.
+
+Life cycle: the child starts at the first epoch. A child that fails (exits, closes its
+output, answers garbage) is stopped and the epoch is rendered by the writer (logged as a
+warning); the next epoch starts a new child, at most :data:`MAX_STARTS` times, after which
+the writer renders every epoch itself. The child ends when its input closes (the
+TaskManager or the writer went away) or when :meth:`RenderProcess.close` stops it. It
+imports only this package's serialization and store modules (not PyFlink), so it starts in
+a fraction of a second and holds about 20 MB.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import select
+import shutil
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+from pyflink_ndb.errors import SerializationError
+from pyflink_ndb.serialization.keys import key_prefix_json
+from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
+from pyflink_ndb.stores.base import WriteRow, row_params
+from pyflink_ndb.stores.mysql import render_state_row
+
+log = logging.getLogger(__name__)
+
+#: Children started per subtask before the writer gives up on them and renders itself.
+MAX_STARTS = 3
+#: Seconds between two checks of the writer's cancellation while it waits for the child.
+POLL_SECONDS = 0.05
+_HEADER = struct.Struct(">Q")
+#: Started as `python -c BOOTSTRAP <package folder>`: a stub of the top-level package keeps
+#: `pyflink_ndb/__init__.py` (which imports PyFlink) from running in the child, and the
+#: frames use the real stdout, which the child's own prints can no longer reach.
+BOOTSTRAP = (
+    "import sys, types\n"
+    "out = sys.stdout.buffer\n"
+    "sys.stdout = sys.stderr\n"
+    "package = types.ModuleType('pyflink_ndb')\n"
+    "package.__path__ = [sys.argv[1]]\n"
+    "sys.modules['pyflink_ndb'] = package\n"
+    "from pyflink_ndb.stores.render_process import serve\n"
+    "serve(sys.stdin.buffer, out)\n")
+
+#: Per entry, its database rows rendered as SQL literals (ASCII bytes: hex literals, digits,
+#: NULL), which go into the statements unchanged (pymysql sends bytes queries as they are).
+Rendered = list[list[bytes]]
+
+
+class RenderProcessError(Exception):
+    """The child could not be started or failed; the writer renders the epoch itself."""
+
+
+def render_rows(version: int, rows: Sequence[WriteRow],
+                renderers: Mapping[int, JsonRenderer],
+                key_json: Callable[[bytes], tuple[bytes | None, str | None]] = key_prefix_json
+                ) -> tuple[Rendered, list[int]]:
+    """Render `rows` (without JSON, in (state, ukey) order) written as `version`: per row its
+    database rows as SQL literals (:func:`~pyflink_ndb.stores.base.row_params`,
+    :func:`~pyflink_ndb.stores.mysql.render_state_row`) with the JSON of the value (the
+    state's renderer, :data:`PLAIN_JSON` by default) and of the Flink key.
+
+    :param key_json: (encoded Flink key, its JSON) of a ukey (:func:`key_prefix_json`, or a
+        remembering version of it).
+    :returns: (the rendered rows, the indexes of the rows whose value cannot be unpickled
+        here; their entry in the first list is empty).
+    """
+    rendered: Rendered = []
+    undecodable: list[int] = []
+    key: bytes | None = None
+    kjson: str | None = None
+    for index, row in enumerate(rows):
+        if row.tombstone or row.value is None:
+            rendered.append([render_state_row(p).encode("ascii")
+                             for p in row_params(version, row)])
+            continue
+        try:
+            vjson = renderers.get(row.state_id, PLAIN_JSON)(row.value)
+        except SerializationError:
+            undecodable.append(index)
+            rendered.append([])
+            continue
+        if key is None or not row.ukey.startswith(key):
+            key, kjson = key_json(row.ukey)  # entries of one Flink key follow each other
+        full = row._replace(value_json=vjson, key_json=kjson)
+        rendered.append([render_state_row(p).encode("ascii") for p in row_params(version, full)])
+    return rendered, undecodable
+
+
+def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+    """The child's loop: answer each request frame with a reply frame until the input
+    closes."""
+    memo: dict[bytes, tuple[bytes | None, str | None]] = {}
+
+    def key_json(ukey: bytes) -> tuple[bytes | None, str | None]:
+        found = memo.get(ukey)
+        if found is None:
+            if len(memo) >= 100_000:
+                memo.clear()
+            found = memo[ukey] = key_prefix_json(ukey)
+        return found
+    while True:
+        header = requests.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return
+        (size,) = _HEADER.unpack(header)
+        version, rows, renderers = pickle.loads(requests.read(size))
+        reply = pickle.dumps(render_rows(version, [WriteRow(*r) for r in rows], renderers,
+                                         key_json), protocol=5)
+        replies.write(_HEADER.pack(len(reply)))
+        replies.write(reply)
+        replies.flush()
+
+
+def python_executable() -> str | None:
+    """A Python interpreter for the child: this one's, when `sys.executable` is a Python
+    (in the TaskManager's embedded interpreter it may be the JVM), else the first
+    `python3` on `PATH` of the same version (thread mode puts the virtualenv's first);
+    None when there is none."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (sys.executable, getattr(sys, "_base_executable", None)):
+        if candidate and Path(candidate).name.startswith("python") and os.access(
+                candidate, os.X_OK):
+            return candidate
+    return shutil.which(version) or shutil.which("python3")
+
+
+class RenderProcess:
+    """The render process of one subtask's background writer (used from that thread only;
+    :meth:`close` from any thread).
+
+    :param name: for log messages (operator/subtask).
+    :param python: the interpreter to start (None: :func:`python_executable`).
+    """
+
+    def __init__(self, name: str, python: str | None = None) -> None:
+        self.name = name
+        self.python = python
+        self.starts = 0
+        #: Epochs rendered by the child / by the writer after a failure (metrics, tests).
+        self.rendered_epochs = 0
+        self.fallbacks = 0
+        self._child: subprocess.Popen[bytes] | None = None
+
+    @property
+    def usable(self) -> bool:
+        """False once :data:`MAX_STARTS` children failed: the writer renders itself."""
+        return self._child is not None or self.starts < MAX_STARTS
+
+    def render(self, version: int, rows: Sequence[WriteRow],
+               renderers: Mapping[int, JsonRenderer],
+               json_of: Callable[[int, bytes], str | None],
+               key_json: Callable[[bytes], tuple[bytes | None, str | None]],
+               between: Callable[[], None] | None = None) -> Rendered | None:
+        """The rendered rows of `rows` (see :func:`render_rows`), or None when the child
+        failed (logged; the caller renders the epoch itself). Rows the child could not
+        decode are rendered here with `json_of(state_id, value)` and `key_json(ukey)`.
+        `between()` is called while waiting (the writer's cancellation point; what it
+        raises stops the child and propagates)."""
+        if not self.usable:
+            return None
+        try:
+            child = self._start()
+            # Plain tuples: pickling a named tuple calls back into Python for every row.
+            frame = pickle.dumps((version, list(map(tuple, rows)), dict(renderers)),
+                                 protocol=5)
+            assert child.stdin is not None
+            child.stdin.write(_HEADER.pack(len(frame)))
+            child.stdin.write(frame)
+            child.stdin.flush()
+            (size,) = _HEADER.unpack(self._read(_HEADER.size, between))
+            rendered, undecodable = pickle.loads(self._read(size, between))
+        except RenderProcessError as err:
+            self._stop()
+            self.fallbacks += 1
+            log.warning("pyflink-ndb %s: the render process failed (%s); this checkpoint is "
+                        "rendered by the writer%s", self.name, err,
+                        "" if self.usable else ", and every later one too")
+            return None
+        except (OSError, EOFError, pickle.UnpicklingError, ValueError) as err:
+            self._stop()
+            self.fallbacks += 1
+            log.warning("pyflink-ndb %s: the render process failed (%s: %s); this checkpoint "
+                        "is rendered by the writer", self.name, type(err).__name__, err)
+            return None
+        except BaseException:
+            self._stop()  # cancelled mid-request: the child's reply would be stale
+            raise
+        for index in undecodable:
+            row = rows[index]
+            assert row.value is not None
+            full = row._replace(value_json=json_of(row.state_id, row.value),
+                                key_json=key_json(row.ukey)[1])
+            rendered[index] = [render_state_row(p).encode("ascii")
+                               for p in row_params(version, full)]
+        self.rendered_epochs += 1
+        return rendered  # type: ignore[no-any-return]
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._child is not None and self._child.poll() is None:
+            return self._child
+        self._stop()
+        python = self.python or python_executable()
+        if python is None:
+            self.starts = MAX_STARTS
+            raise RenderProcessError("no Python interpreter found (neither sys.executable "
+                                     "nor python3 on PATH)")
+        self.starts += 1
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        package = str(Path(__file__).resolve().parent.parent)
+        try:
+            self._child = subprocess.Popen(
+                [python, "-c", BOOTSTRAP, package], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, env=env, close_fds=True)
+        except OSError as err:
+            raise RenderProcessError(f"cannot start {python}: {err}") from err
+        return self._child
+
+    def _read(self, size: int, between: Callable[[], None] | None) -> bytes:
+        child = self._child
+        assert child is not None and child.stdout is not None
+        fd = child.stdout.fileno()
+        parts: list[bytes] = []
+        while size:
+            ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
+            if not ready:
+                if between is not None:
+                    between()
+                if child.poll() is not None:
+                    raise RenderProcessError(f"it exited with code {child.returncode}")
+                continue
+            data = os.read(fd, min(size, 1 << 20))
+            if not data:
+                raise RenderProcessError("it closed its output")
+            parts.append(data)
+            size -= len(data)
+        return b"".join(parts)
+
+    def _stop(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        for stream in (child.stdin, child.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        if child.poll() is None:
+            child.kill()
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.warning("pyflink-ndb %s: the render process did not exit", self.name)
+
+    def close(self) -> None:
+        """Stop the child (idempotent)."""
+        self._stop()

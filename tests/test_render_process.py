@@ -1,0 +1,229 @@
+"""The render process (`state.backend.ndb.write.render-process`): the same SQL text and
+stored rows as the writer's own rendering, a failing child falls back without losing a
+checkpoint, a value only the parent can unpickle keeps its JSON."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import drop_namespace, mysql_connect, unique_namespace
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyflink.common import Types
+from pyflink.common.time import Time
+from pyflink.datastream.state import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.serialization import encode_key, encode_value
+from pyflink_ndb.serialization.keys import encode_map_key, key_prefix_json
+from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
+from pyflink_ndb.stores.base import CHUNK_BYTES, WriteRow, row_params
+from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.stores.mysql import render_state_row
+from pyflink_ndb.stores.render_process import MAX_STARTS, RenderProcess, render_rows
+from pyflink_ndb.testing import LocalSubtask
+
+pytestmark = pytest.mark.mysql
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20) | st.binary(max_size=20)
+    | st.floats(allow_nan=False),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                max_size=3),
+    max_leaves=8)
+
+
+def _in_writer(version: int, rows: list[WriteRow], renderers: dict[int, JsonRenderer]
+               ) -> list[list[bytes]]:
+    """What the writer renders itself (TieredTable.render's JSON, then the store's rows)."""
+    out = []
+    for row in rows:
+        if row.value is not None:
+            row = row._replace(value_json=renderers.get(row.state_id, PLAIN_JSON)(row.value),
+                               key_json=key_prefix_json(row.ukey)[1])
+        out.append([render_state_row(p).encode("ascii") for p in row_params(version, row)])
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([1, 2, 3]), _values,
+                          st.none() | _values, st.none() | st.integers(0, 2**40)),
+                min_size=1, max_size=12))
+def test_rendered_rows_equal_the_writers_own(entries) -> None:
+    renderers = {2: JsonRenderer(list_segments=True), 3: JsonRenderer(list_segments=True,
+                                                                     ttl=True)}
+    rows = []
+    for key, sid, map_key, value, expires in entries:
+        if sid == 3 and value is not None:
+            value = [(value, 1)]
+        elif sid == 2 and value is not None:
+            value = [value]
+        ukey = encode_key(key) + encode_map_key(repr(map_key))
+        data = None if value is None else encode_value(value)
+        rows.append(WriteRow(key % 4, sid, ukey, data is None, data, None, expires, None))
+    rows.sort(key=lambda r: (r.state_id, r.ukey))
+    rows = list({(r.state_id, r.ukey): r for r in rows}.values())
+    rendered, undecodable = render_rows(7, rows, renderers)
+    assert undecodable == []
+    assert rendered == _in_writer(7, rows, renderers)
+
+
+def test_a_value_over_one_chunk_renders_its_chunks() -> None:
+    big = encode_value("x" * (CHUNK_BYTES + 10))
+    rows = [WriteRow(1, 1, encode_key("k"), False, big, None, None, None)]
+    rendered, _ = render_rows(3, rows, {})
+    assert len(rendered[0]) == 2 and rendered == _in_writer(3, rows, {})
+
+
+# -- a subtask with the option ------------------------------------------------------------
+
+def _options(url: str, namespace: str, **extra) -> NdbStateOptions:
+    return NdbStateOptions(url=url, namespace=namespace, cache_max_entries=50,
+                           on_fresh_start="truncate", **extra)
+
+
+def _fill(sub: LocalSubtask, n: int, cp_start: int, checkpoints: int) -> None:
+    ttl = (StateTtlConfig.new_builder(Time.milliseconds(3_600_000))
+           .update_ttl_on_create_and_write().build())
+    value = sub.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
+    seen = MapStateDescriptor("m", Types.STRING(), Types.LONG())
+    seen.enable_time_to_live(ttl)
+    mapped = sub.context.get_map_state(seen)
+    listed = ListStateDescriptor("l", Types.PICKLED_BYTE_ARRAY())
+    listed.enable_time_to_live(ttl)
+    recent = sub.context.get_list_state(listed)
+    for cp in range(cp_start, cp_start + checkpoints):
+        for i in range(n):
+            sub.key(f"user-{i}")
+            value.update({"n": i, "cp": cp, "tags": ["a", "é"], "raw": b"\x00'"})
+            mapped.put(f"e{i % 3}", cp)
+            recent.add((cp, i))
+            if i % 7 == 0:
+                mapped.remove("e0")
+        sub.checkpoint(cp)
+
+
+def _rows(url: str, namespace: str) -> list[tuple]:
+    conn = mysql_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT key_group, state_id, ukey, chunk, tombstone, chunks, "
+                        f"expires_at_ms IS NULL, vbytes, vjson, kjson FROM {namespace}_state "
+                        "ORDER BY state_id, ukey, version, chunk")
+            rows = []
+            for *head, vbytes, vjson, kjson in cur.fetchall():
+                value = None if vbytes is None else pickle.loads(vbytes)
+                if isinstance(value, tuple):  # a list's head: (segments, random epoch token)
+                    value = value[0]
+                rows.append((*head, value, vjson, kjson))
+            return rows
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def namespaces(mysql_url: str) -> Iterator[list[str]]:
+    made: list[str] = []
+    yield made
+    for ns in made:
+        drop_namespace(mysql_url, ns)
+
+
+def _run(url: str, namespace: str, tmp_path: Path, **extra) -> LocalSubtask:
+    store = open_store(_options(url, namespace, **extra))
+    # LocalSubtask's manual clock: the same TTL expiries in every run
+    return LocalSubtask(store, _options(url, namespace, **extra),
+                        local_dir=str(tmp_path / namespace))
+
+
+def test_stored_rows_equal_those_of_the_writers_own_rendering(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:
+    stored = []
+    for render_process in (True, False):
+        ns = unique_namespace("rp")
+        namespaces.append(ns)
+        sub = _run(mysql_url, ns, tmp_path, write_render_process=render_process)
+        _fill(sub, 120, 1, 3)
+        process = sub.backend.protocol.render_process
+        if render_process:
+            assert process is not None and process.rendered_epochs == 3
+            assert process.fallbacks == 0 and process.starts == 1
+        else:
+            assert process is None
+        sub.close()
+        stored.append(_rows(mysql_url, ns))
+    assert stored[0] == stored[1] and len(stored[0]) > 200
+    assert any(r[8] is not None for r in stored[0])  # JSON columns are written
+
+
+def test_a_failing_child_falls_back_and_nothing_is_lost(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:
+    ns = unique_namespace("rp")
+    namespaces.append(ns)
+    sub = _run(mysql_url, ns, tmp_path, write_render_process=True)
+    protocol = sub.backend.protocol
+    protocol.render_process = RenderProcess("test", python="/bin/false")  # exits at once
+    _fill(sub, 40, 1, MAX_STARTS + 2)
+    process = protocol.render_process
+    assert process.fallbacks == MAX_STARTS and process.starts == MAX_STARTS
+    assert not process.usable and process.rendered_epochs == 0
+    sub.close()
+    restored = LocalSubtask(open_store(_options(mysql_url, ns)), _options(mysql_url, ns),
+                            restored_checkpoint_id=MAX_STARTS + 2,
+                            storage=sub.storage, local_dir=str(tmp_path / "again"))
+    restored.key("user-39")
+    value = restored.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
+    assert value.value()["cp"] == MAX_STARTS + 2
+    restored.close()
+
+
+def test_a_killed_child_is_replaced_at_the_next_checkpoint(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:
+    ns = unique_namespace("rp")
+    namespaces.append(ns)
+    sub = _run(mysql_url, ns, tmp_path, write_render_process=True)
+    _fill(sub, 20, 1, 1)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process._child is not None
+    process._child.kill()
+    process._child.wait()
+    _fill(sub, 20, 2, 1)
+    assert process.starts == 2 and process.rendered_epochs == 2 and process.fallbacks == 0
+    sub.close()
+    assert process._child is None  # closed with the subtask
+
+
+def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("pfn_only_in_this_interpreter")
+
+    class Tags(list):  # a list subclass: its JSON is an array
+        __module__ = module.__name__
+    Tags.__qualname__ = "Tags"
+    module.Tags = Tags  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert pickle.loads(pickle.dumps(Tags([1]))) == [1]
+    ns = unique_namespace("rp")
+    namespaces.append(ns)
+    sub = _run(mysql_url, ns, tmp_path, write_render_process=True)
+    value = sub.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
+    sub.key("k")
+    value.update(Tags(["a", 1]))
+    sub.key("plain")
+    value.update(["b"])
+    sub.checkpoint(1)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process.rendered_epochs == 1 and process.fallbacks == 0
+    sub.close()
+    assert sorted(r[8] for r in _rows(mysql_url, ns)) == ['["a",1]', '["b"]']
