@@ -72,9 +72,14 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("ndb-mariadb", "pyflink-ndb MariaDB (lazy)", "ndb-mariadb", "lazy"),
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
+    ("ndb-mariadb-render", "pyflink-ndb MariaDB, write.render-process", "ndb-mariadb",
+     "lazy"),
 )
 _BY_KEY = {b[0]: b for b in BACKENDS}
-_SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg"}
+_SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg",
+          "ndb-mariadb-render": "my_rp"}
+#: More pyflink-ndb options of a backend.
+_EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true"}}
 
 
 # -- the job (runs in the TaskManager's interpreter) --------------------------------------
@@ -328,6 +333,7 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
         options = ndb_options(url, namespace)
         options.update({"state.backend.ndb.cache.max-entries": str(CACHE_ENTRIES),
                         "state.backend.ndb.restore.mode": restore_mode})
+        options.update(_EXTRA_OPTIONS.get(key, {}))
         drop_namespace(url, namespace)
     extra = flink_extra(kind, folder / "checkpoints")
     if kind == "rocksdb":

@@ -242,6 +242,8 @@ class RenderProcess:
                 stdout=subprocess.PIPE, env=env, close_fds=True)
         except OSError as err:
             raise RenderProcessError(f"cannot start {python}: {err}") from err
+        log.info("pyflink-ndb %s: render process started (pid %d, %s)", self.name,
+                 self._child.pid, python)
         return self._child
 
     def _read(self, size: int, between: Callable[[], None] | None) -> bytes:
