@@ -537,16 +537,27 @@ def start_sequence_job(env: Any, kind: str, key_selector: Any, function: Any, op
     return client, job_id, submitted, time.time()
 
 
+def variant_suffix(or_terms: int | None, render_process: bool) -> tuple[str, str]:
+    """(key suffix, label suffix) of a checkpoint-job variant."""
+    key = (f"/or{or_terms}" if or_terms else "") + ("/render" if render_process else "")
+    label = ((f", {or_terms} OR-terms (experiment)" if or_terms else "")
+             + (", write.render-process" if render_process else ""))
+    return key, label
+
+
 def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url: str,
-              parallelism: int, or_terms: int | None = None) -> dict[str, Any]:
+              parallelism: int, or_terms: int | None = None,
+              render_process: bool = False) -> dict[str, Any]:
     """A job that updates a ValueState counter of keys `i % 100,000` of a sequence source
     as fast as it can, for `duration_s` after its first record, with checkpoints every
     second; then Flink's checkpoint statistics over REST, and the job is cancelled.
-    `or_terms`: the experiment of :class:`bench.functions.RateCounter`."""
+    `or_terms`: the experiment of :class:`bench.functions.RateCounter`; `render_process`:
+    pyflink-ndb with `write.render-process: true`."""
 
     from bench.functions import ModuloKey, RateCounter
 
-    tag = run_key(kind, write_async).replace("/", "-") + (f"-or{or_terms}" if or_terms else "")
+    key_suffix, label_suffix = variant_suffix(or_terms, render_process)
+    tag = (run_key(kind, write_async) + key_suffix).replace("/", "-")
     work = WORK / "checkpoint-job" / tag
     shutil.rmtree(work, ignore_errors=True)
     rates = work / "rates"
@@ -556,6 +567,8 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     options = ndb_options(url, namespace)
     if write_async is not None:
         options["state.backend.ndb.write.async"] = "true" if write_async else "false"
+        if render_process:
+            options["state.backend.ndb.write.render-process"] = "true"
         drop_namespace(url, namespace)
     extra = flink_extra(kind, work / "checkpoints")
     if kind == "rocksdb":  # RocksDB's best case here: only new SST files per checkpoint
@@ -590,8 +603,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     steady = [c for s, c in timeline if s >= PAUSE_WARMUP_S]
     stats["checkpoints"] = [c for c in stats["checkpoints"] if c["trigger_ms"] / 1000 >= start]
     out: dict[str, Any] = {
-        "label": run_label(kind, write_async) + (
-            f", {or_terms} OR-terms (experiment)" if or_terms else ""),
+        "label": run_label(kind, write_async) + label_suffix,
         "duration_s": until - first,
         "start_s": start, "submit_to_first_s": first - submitted, "per_second": timeline,
         "records_per_s": statistics.mean(steady) if steady else None,
@@ -626,7 +638,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
 
 def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: int,
                    duration_s: float,
-                   job_kinds: list[tuple[str, bool | None, int | None]],
+                   job_kinds: list[tuple[str, bool | None, int | None, bool]],
                    warmup: bool) -> dict:
     """Part 3: the checkpoint pause at the protocol level (LocalSubtask) and on Flink."""
     out: dict[str, Any] = {"protocol": {}, "job": {}, "job_keys": PAUSE_JOB_KEYS,
@@ -642,12 +654,13 @@ def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: i
     if warmup:
         log("checkpoint job: an untimed warm-up run")
         pause_job("hashmap", None, 5, mysql_url, parallelism)
-    for kind, write_async, or_terms in job_kinds:
-        log(f"checkpoint job: {run_label(kind, write_async)}"
-            + (f", {or_terms} OR-terms (experiment)" if or_terms else "")
-            + f", {duration_s:.0f} s")
-        r = pause_job(kind, write_async, duration_s, mysql_url, parallelism, or_terms)
-        out["job"][run_key(kind, write_async) + (f"/or{or_terms}" if or_terms else "")] = r
+    for kind, write_async, or_terms, render_process in job_kinds:
+        key_suffix, label_suffix = variant_suffix(or_terms, render_process)
+        log(f"checkpoint job: {run_label(kind, write_async)}{label_suffix}, "
+            f"{duration_s:.0f} s")
+        r = pause_job(kind, write_async, duration_s, mysql_url, parallelism, or_terms,
+                      render_process)
+        out["job"][run_key(kind, write_async) + key_suffix] = r
         log(f"  {r['records_per_s'] or 0:,.0f} records/s (seconds {r['min_second'] or 0:,}–"
             f"{r['max_second'] or 0:,}); {len(r['checkpoints'])} checkpoints, sync median "
             f"{r.get('sync_median_ms', float('nan')):.0f} ms max "
@@ -1473,7 +1486,7 @@ def chart(results: dict, path: Path) -> None:
 PAUSE_COLORS = {"rocksdb": COLORS["rocksdb"], "ndb-mariadb/async": COLORS["ndb-mariadb"],
                 "ndb-mariadb/sync": "#8172b3", "ndb-sqlite/async": COLORS["ndb-sqlite"],
                 "ndb-sqlite/sync": "#937860", "hashmap": COLORS["hashmap"],
-                "ndb-mariadb/async/or100": "#da8bc3"}
+                "ndb-mariadb/async/or100": "#da8bc3", "ndb-mariadb/async/render": "#55a868"}
 
 
 def snapshot_panel(snap: dict | None, ax: Any) -> None:
@@ -1728,10 +1741,11 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
                                              rounds)
     part_done(order[1])
     if "snapshot" in parts:
-        job_kinds: list[tuple[str, bool | None, int | None]] = [
-            ("rocksdb", None, None), ("ndb-mariadb", True, None), ("ndb-mariadb", False, None)]
+        job_kinds: list[tuple[str, bool | None, int | None, bool]] = [
+            ("rocksdb", None, None, False), ("ndb-mariadb", True, None, False),
+            ("ndb-mariadb", True, None, True), ("ndb-mariadb", False, None, False)]
         if not quick:
-            job_kinds += [("ndb-sqlite", True, None)]
+            job_kinds += [("ndb-sqlite", True, None, False)]
         results["snapshot"] = bench_snapshot(
             [1_000, 10_000] if quick else [1_000, 10_000, 100_000], 2 if quick else 3,
             mysql_url, parallelism, 10 if quick else 40, job_kinds, warmup=not quick)
