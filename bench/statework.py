@@ -130,15 +130,18 @@ def replay_floor(users: list[tuple[int, int]]) -> dict[str, float]:
 
 
 def replay_tiered(url: str, namespace: str, cache_entries: int,
-                  users: list[tuple[int, int]]) -> dict[str, float]:
+                  users: list[tuple[int, int]], render_process: bool = False
+                  ) -> dict[str, float]:
     """The job's state calls on a LocalSubtask of pyflink-ndb (`url`, `namespace`, which
-    is truncated first), checkpointed every :data:`CHECKPOINT_EVERY` records."""
+    is truncated first), checkpointed every :data:`CHECKPOINT_EVERY` records;
+    `render_process`: with `write.render-process` (its child's CPU is not counted: it
+    holds no lock of this interpreter)."""
     from pyflink_ndb.config import NdbStateOptions
     from pyflink_ndb.stores.factory import open_store
     from pyflink_ndb.testing import LocalSubtask
 
     options = NdbStateOptions(url=url, namespace=namespace, cache_max_entries=cache_entries,
-                              on_fresh_start="truncate")
+                              on_fresh_start="truncate", write_render_process=render_process)
     store = open_store(options)
     sub = LocalSubtask(store, options, operator="bench-statework",
                        key_group_start=KEY_GROUPS[0], key_group_end=KEY_GROUPS[1],
@@ -188,13 +191,18 @@ def replay_tiered(url: str, namespace: str, cache_entries: int,
             "tier2_writes": (table.tier2_writes - measured["tier2_writes0"]) / n}
 
 
-#: (key, label, store kind or None for the floor, cache.max-entries or None: every key).
-CONFIGS: tuple[tuple[str, str, str | None, int | None], ...] = (
-    ("floor", "floor: plain dicts of pickled values", None, None),
-    ("sqlite-cached", "pyflink-ndb SQLite, every key in tier 1", "sqlite", None),
-    ("sqlite", f"pyflink-ndb SQLite, cache {CACHE_ENTRIES:,}", "sqlite", CACHE_ENTRIES),
-    ("mariadb-cached", "pyflink-ndb MariaDB, every key in tier 1", "mariadb", None),
-    ("mariadb", f"pyflink-ndb MariaDB, cache {CACHE_ENTRIES:,}", "mariadb", CACHE_ENTRIES),
+#: (key, label, store kind or None for the floor, cache.max-entries or None: every key,
+#: `write.render-process`).
+CONFIGS: tuple[tuple[str, str, str | None, int | None, bool], ...] = (
+    ("floor", "floor: plain dicts of pickled values", None, None, False),
+    ("sqlite-cached", "pyflink-ndb SQLite, every key in tier 1", "sqlite", None, False),
+    ("sqlite", f"pyflink-ndb SQLite, cache {CACHE_ENTRIES:,}", "sqlite", CACHE_ENTRIES,
+     False),
+    ("mariadb-cached", "pyflink-ndb MariaDB, every key in tier 1", "mariadb", None, False),
+    ("mariadb", f"pyflink-ndb MariaDB, cache {CACHE_ENTRIES:,}", "mariadb", CACHE_ENTRIES,
+     False),
+    ("mariadb-render", f"pyflink-ndb MariaDB, cache {CACHE_ENTRIES:,}, "
+     "write.render-process", "mariadb", CACHE_ENTRIES, True),
 )
 
 
@@ -206,19 +214,19 @@ def bench_statework(mysql_url: str, namespace_prefix: str, records: int, rounds:
     folder = tempfile.mkdtemp(prefix="statework-db-")
     samples: dict[str, list[dict[str, float]]] = {c[0]: [] for c in CONFIGS}
     for round_ in range(rounds):
-        for key, label, store, cache in CONFIGS:
+        for key, label, store, cache, render_process in CONFIGS:
             if store is None:
                 got = replay_floor(users)
             else:
                 url = (mysql_url if store == "mariadb"
                        else f"sqlite:///{folder}/{key}-{round_}.sqlite")
                 got = replay_tiered(url, f"{namespace_prefix}_sw", cache or 10 * records,
-                                    users)
+                                    users, render_process)
             samples[key].append(got)
             log(f"state-work round {round_ + 1}/{rounds}, {label}: task "
                 f"{got['task_us']:.1f} us, background {got['background_us']:.1f} us per record")
     runs = {}
-    for key, label, _, _ in CONFIGS:
+    for key, label, *_ in CONFIGS:
         fields = samples[key][0].keys()
         runs[key] = {"label": label,
                      **{f: statistics.median(s[f] for s in samples[key]) for f in fields}}
@@ -238,8 +246,9 @@ def markdown(r: dict[str, Any]) -> list[str]:
              f"{r['checkpoint_every']:,} records; medians of {r['rounds']} rounds. CPU "
              "microseconds per record: task = the thread making the state calls; "
              "background = the other threads (the writer; on SQLite the database engine "
-             "too). Task + background is the interpreter time a record costs in thread mode "
-             "(less MariaDB's, which runs in its server), before Flink's own work.", "",
+             "too; not the render process, which holds no lock here). Task + background is "
+             "the interpreter time a record costs in thread mode (less MariaDB's, which "
+             "runs in its server), before Flink's own work.", "",
              "| configuration | task us | × floor | background us | task + background us | "
              "puts | rows written | tier-2 writes |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
