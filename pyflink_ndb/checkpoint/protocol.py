@@ -458,7 +458,7 @@ class CheckpointProtocol:
         if process is not None:
             rows = self.table.render(frozen, None, between)
             rendered = process.render(version, rows, self._json_renderers, self._json_of,
-                                      self.table.remembered_key_json, between)
+                                      self.table.key_json, between)
             if rendered is not None:
                 return rows, rendered
         return self.table.render(frozen, self._json_of, between), None

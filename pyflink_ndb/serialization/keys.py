@@ -264,6 +264,34 @@ def key_json(ukey: bytes) -> str | None:
     return key_prefix_json(ukey)[1]
 
 
+class KeyJsonMemo:
+    """:func:`key_json`, remembered for a writer that renders epoch after epoch.
+
+    Rows come in (state, ukey) order, so the entries of one Flink key (a map's entries, a
+    list's segments) follow each other: a ukey that starts with the previous answer's
+    encoded key has its JSON (the encoding is self-delimiting) without a lookup. Other
+    ukeys are looked up in a plain dict of at most `max_entries`, emptied when full (no LRU
+    bookkeeping per row; keys recur every epoch). Not thread-safe: one per writer.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._memo: dict[bytes, tuple[bytes | None, str | None]] = {}
+        self._max_entries = max_entries
+        self._last: tuple[bytes | None, str | None] = (None, None)
+
+    def __call__(self, ukey: bytes) -> str | None:
+        key, kjson = self._last
+        if key is not None and ukey.startswith(key):
+            return kjson
+        found = self._memo.get(ukey)
+        if found is None:
+            if len(self._memo) >= self._max_entries:
+                self._memo.clear()
+            found = self._memo[ukey] = key_prefix_json(ukey)
+        self._last = found
+        return found[1]
+
+
 #: First byte of an encoded namespace inside a ukey. No encoded key starts with it, so the
 #: ukey `Flink key + namespace + suffix` of a namespaced entry never equals, and is told
 #: apart from, the ukey `Flink key + suffix` of the same state without a namespace.

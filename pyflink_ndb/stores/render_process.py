@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO
 
 from pyflink_ndb.errors import SerializationError
-from pyflink_ndb.serialization.keys import key_prefix_json
+from pyflink_ndb.serialization.keys import KeyJsonMemo
 from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
 from pyflink_ndb.stores.base import WriteRow, row_params
 from pyflink_ndb.stores.mysql import render_state_row
@@ -80,22 +80,22 @@ class RenderProcessError(Exception):
 
 def render_rows(version: int, rows: Sequence[WriteRow],
                 renderers: Mapping[int, JsonRenderer],
-                key_json: Callable[[bytes], tuple[bytes | None, str | None]] = key_prefix_json
+                key_json: Callable[[bytes], str | None] | None = None
                 ) -> tuple[Rendered, list[int]]:
     """Render `rows` (without JSON, in (state, ukey) order) written as `version`: per row its
     database rows as SQL literals (:func:`~pyflink_ndb.stores.base.row_params`,
     :func:`~pyflink_ndb.stores.mysql.render_state_row`) with the JSON of the value (the
     state's renderer, :data:`PLAIN_JSON` by default) and of the Flink key.
 
-    :param key_json: (encoded Flink key, its JSON) of a ukey (:func:`key_prefix_json`, or a
-        remembering version of it).
+    :param key_json: the JSON of a ukey's Flink key (None: a fresh
+        :class:`~pyflink_ndb.serialization.keys.KeyJsonMemo`).
     :returns: (the rendered rows, the indexes of the rows whose value cannot be unpickled
         here; their entry in the first list is empty).
     """
+    if key_json is None:
+        key_json = KeyJsonMemo()
     rendered: Rendered = []
     undecodable: list[int] = []
-    key: bytes | None = None
-    kjson: str | None = None
     for index, row in enumerate(rows):
         if row.tombstone or row.value is None:
             rendered.append([render_state_row(p).encode("ascii")
@@ -107,9 +107,7 @@ def render_rows(version: int, rows: Sequence[WriteRow],
             undecodable.append(index)
             rendered.append([])
             continue
-        if key is None or not row.ukey.startswith(key):
-            key, kjson = key_json(row.ukey)  # entries of one Flink key follow each other
-        full = row._replace(value_json=vjson, key_json=kjson)
+        full = row._replace(value_json=vjson, key_json=key_json(row.ukey))
         rendered.append([render_state_row(p).encode("ascii") for p in row_params(version, full)])
     return rendered, undecodable
 
@@ -117,15 +115,7 @@ def render_rows(version: int, rows: Sequence[WriteRow],
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """The child's loop: answer each request frame with a reply frame until the input
     closes."""
-    memo: dict[bytes, tuple[bytes | None, str | None]] = {}
-
-    def key_json(ukey: bytes) -> tuple[bytes | None, str | None]:
-        found = memo.get(ukey)
-        if found is None:
-            if len(memo) >= 100_000:
-                memo.clear()
-            found = memo[ukey] = key_prefix_json(ukey)
-        return found
+    key_json = KeyJsonMemo()
     while True:
         header = requests.read(_HEADER.size)
         if len(header) < _HEADER.size:
@@ -177,7 +167,7 @@ class RenderProcess:
     def render(self, version: int, rows: Sequence[WriteRow],
                renderers: Mapping[int, JsonRenderer],
                json_of: Callable[[int, bytes], str | None],
-               key_json: Callable[[bytes], tuple[bytes | None, str | None]],
+               key_json: Callable[[bytes], str | None],
                between: Callable[[], None] | None = None) -> Rendered | None:
         """The rendered rows of `rows` (see :func:`render_rows`), or None when the child
         failed (logged; the caller renders the epoch itself). Rows the child could not
@@ -197,18 +187,15 @@ class RenderProcess:
             child.stdin.flush()
             (size,) = _HEADER.unpack(self._read(_HEADER.size, between))
             rendered, undecodable = pickle.loads(self._read(size, between))
-        except RenderProcessError as err:
+        except (RenderProcessError, OSError, EOFError, pickle.UnpicklingError,
+                ValueError) as err:
             self._stop()
             self.fallbacks += 1
             log.warning("pyflink-ndb %s: the render process failed (%s); this checkpoint is "
-                        "rendered by the writer%s", self.name, err,
+                        "rendered by the writer%s", self.name,
+                        err if isinstance(err, RenderProcessError)
+                        else f"{type(err).__name__}: {err}",
                         "" if self.usable else ", and every later one too")
-            return None
-        except (OSError, EOFError, pickle.UnpicklingError, ValueError) as err:
-            self._stop()
-            self.fallbacks += 1
-            log.warning("pyflink-ndb %s: the render process failed (%s: %s); this checkpoint "
-                        "is rendered by the writer", self.name, type(err).__name__, err)
             return None
         except BaseException:
             self._stop()  # cancelled mid-request: the child's reply would be stale
@@ -217,7 +204,7 @@ class RenderProcess:
             row = rows[index]
             assert row.value is not None
             full = row._replace(value_json=json_of(row.state_id, row.value),
-                                key_json=key_json(row.ukey)[1])
+                                key_json=key_json(row.ukey))
             rendered[index] = [render_state_row(p).encode("ascii")
                                for p in row_params(version, full)]
         self.rendered_epochs += 1

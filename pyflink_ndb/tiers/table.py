@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from pyflink_ndb.errors import ValueTooLargeError
-from pyflink_ndb.serialization.keys import entry_prefix, key_json, key_prefix_json
+from pyflink_ndb.serialization.keys import KeyJsonMemo, entry_prefix, key_json
 from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, StoredVersion, WriteRow
 from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
@@ -114,10 +114,8 @@ class TieredTable:
         self._index: dict[tuple[int, bytes], set[bytes]] = {}
         self._prefix_memo: dict[bytes, bytes] = {}
         self._prefix_memo_max = max(4 * cache_max_entries, 10_000)
-        #: (encoded Flink key, its JSON) by ukey, for the writer thread's rendering (a
-        #: plain dict emptied when full: no LRU bookkeeping per row).
-        self._key_json_memo: dict[bytes, tuple[bytes | None, str | None]] = {}
-        self._key_json_memo_max = max(cache_max_entries, 100_000)
+        #: JSON of the Flink key of a ukey, for the writer thread's rendering.
+        self.key_json = KeyJsonMemo(max(cache_max_entries, 100_000))
         self.store_reads = 0
         #: The version ranges the running branch sees in a key group (set by the
         #: checkpoint protocol when it claims the key groups).
@@ -416,11 +414,6 @@ class TieredTable:
         render process adds); `between()` is called every :data:`RENDER_YIELD_ROWS` rows."""
         rows = []
         view = frozen.local_view
-        # The rows come in (state, ukey) order, so the entries of one Flink key (a map's
-        # entries, a list's segments) follow each other: a ukey that starts with the
-        # previous row's encoded key has its JSON (the encoding is self-delimiting).
-        key: bytes | None = None
-        kjson: str | None = None
         for n, eid in enumerate(sorted(frozen.entries)):
             if between is not None and n % RENDER_YIELD_ROWS == RENDER_YIELD_ROWS - 1:
                 between()
@@ -438,20 +431,10 @@ class TieredTable:
                 rows.append(WriteRow(entry.key_group, eid[0], ukey, False, entry.value, None,
                                      entry.expires_at_ms, None))
                 continue
-            if key is None or not ukey.startswith(key):
-                key, kjson = self.remembered_key_json(ukey)
             rows.append(WriteRow(entry.key_group, eid[0], ukey, False, entry.value,
-                                 json_of(eid[0], entry.value), entry.expires_at_ms, kjson))
+                                 json_of(eid[0], entry.value), entry.expires_at_ms,
+                                 self.key_json(ukey)))
         return rows
-
-    def remembered_key_json(self, ukey: bytes) -> tuple[bytes | None, str | None]:
-        """:func:`key_prefix_json` of `ukey`, remembered (keys recur every epoch)."""
-        found = self._key_json_memo.get(ukey)
-        if found is None:
-            if len(self._key_json_memo) >= self._key_json_memo_max:
-                self._key_json_memo.clear()
-            found = self._key_json_memo[ukey] = key_prefix_json(ukey)
-        return found
 
     def release(self, frozen: FrozenEpoch) -> None:
         """`frozen` is durable in the store: it no longer answers reads."""
