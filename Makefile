@@ -86,7 +86,7 @@ bench: venv jar db
 # tests/faults/results.md (see README, "Fault injection"). Not part of `make test`, which
 # runs the quick variant (tests/test_faults.py).
 faults: venv jar db
-	$(PY) -m tests.faults --variant long --out tests/faults/results.md
+	$(PY) -m tests.faults --variant long --out tests/faults/results.md $(FAULTS_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check pyflink_ndb tests jobs bench setup.py

@@ -1,5 +1,7 @@
-"""`python -m tests.faults [--variant long|quick] [--out FILE]`: run the fault runs and write
-the results table (`make faults`: the long variant into tests/faults/results.md)."""
+"""`python -m tests.faults [--variant long|quick] [--out FILE] [--set KEY=VALUE ...]`: run
+the fault runs and write the results table (`make faults`: the long variant into
+tests/faults/results.md; `make faults FAULTS_ARGS="--set KEY=VALUE"`: every job with that
+option too)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import scenarios
 from .runner import VARIANTS, run_variant, write_results
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -22,7 +25,14 @@ def main() -> int:
     parser.add_argument("--url", default=os.environ.get("PYFLINK_NDB_TEST_MYSQL_URL",
                                                         "mysql://root@127.0.0.1:3306/test"))
     parser.add_argument("--work", type=Path, default=ROOT / "var" / "faults")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option every job gets (repeatable), e.g. "
+                        "state.backend.ndb.write.render-process=true")
     args = parser.parse_args()
+    for kv in args.set:
+        if "=" not in kv:
+            parser.error(f"--set {kv!r}: expected KEY=VALUE")
+    scenarios.EXTRA_SETS[:] = args.set
     variant = VARIANTS[args.variant]
     shutil.rmtree(args.work, ignore_errors=True)
     started = time.time()

@@ -16,7 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .harness import RunResult, say, table
-from .scenarios import DB_OPTIONS, ClusterPlan, DbPlan, Stage, cluster_run, crash_run, db_run
+from .scenarios import (
+    DB_OPTIONS,
+    EXTRA_SETS,
+    ClusterPlan,
+    DbPlan,
+    Stage,
+    cluster_run,
+    crash_run,
+    db_run,
+)
 
 
 @dataclass
@@ -89,7 +98,9 @@ def write_results(results: list[RunResult], path: Path, variant: Variant,
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
         f"{os.cpu_count()} cores, {faults} faults in {len(results)} job runs, "
-        f"{seconds / 60:.1f} minutes (`make faults`; tests/faults/).",
+        f"{seconds / 60:.1f} minutes (`make faults`; tests/faults/)"
+        + (f"; every job with {', '.join(f'`{kv}`' for kv in EXTRA_SETS)}."
+           if EXTRA_SETS else "."),
         "",
         table(results),
         "",

@@ -58,6 +58,15 @@ from .harness import (
     wait_new_attempt,
 )
 
+#: `KEY=VALUE` options every job of the fault runs gets on top of its own
+#: (`python -m tests.faults --set KEY=VALUE`, e.g. a run with `write.render-process`).
+EXTRA_SETS: list[str] = []
+
+
+def with_extra_sets(args: list[str]) -> list[str]:
+    """`args` of the fault job with :data:`EXTRA_SETS` appended as `--set` options."""
+    return args + [a for kv in EXTRA_SETS for a in ("--set", kv)]
+
 CRASH_KINDS = {"open": "crash: at open, after the restore's claim",
                "records": "crash: after a random number of records",
                "writing": "crash: while the writer writes an epoch",
@@ -103,7 +112,7 @@ def crash_run(url: str, work: Path, name: str, crashes: int, seed: int,
             "--set", "state.backend.ndb.cache.max-entries=100"]
     try:
         with CommitWatcher(url, ns) as watcher:
-            job = MiniJob(args, work / f"{name}.log")
+            job = MiniJob(with_extra_sets(args), work / f"{name}.log")
             seen_crashes = 0
             fixed: dict[str, Fault] = {}
             try:
@@ -208,7 +217,7 @@ def db_run(server_url: str, work: Path, name: str, plan: DbPlan, seed: int,
             args += ["--set", f"{key}={value}"]
         try:
             with CommitWatcher(server_url, ns) as watcher:
-                job = MiniJob(args, work / f"{name}.log")
+                job = MiniJob(with_extra_sets(args), work / f"{name}.log")
                 try:
                     _db_faults(server_url, ns, proxy, watcher, job, plan, rng, run)
                     control.write_text("0")
@@ -373,7 +382,7 @@ def cluster_run(url: str, work: Path, name: str, plan: ClusterPlan, seed: int,
                     # execution.state-recovery.path (Flink 1.20), so the check would refuse
                     # the restore with NamespaceInUseError under on-fresh-start=fail.
                     args += ["--set", f"execution.savepoint.path={savepoint}"]
-                jid = cluster.submit(args, savepoint)
+                jid = cluster.submit(with_extra_sets(args), savepoint)
                 say(f"{name}: stage {i} (parallelism {stage.parallelism}) job {jid}"
                     + (f" from {savepoint}" if savepoint else ""))
                 if stop_fault is not None:
