@@ -84,6 +84,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "`background`: lazy, and the background writer streams the key groups into "
                "the local tier in pages meanwhile (a key group done needs no store reads); "
                "needs `local.enabled` and `write.async`, else it is `eager`."),
+    OptionSpec("restore.key-filter", "restore_key_filter", True,
+               "With `restore.mode: lazy`: after a restore, the background writer builds a "
+               "Bloom filter (1 % false positives, about 1.2 bytes per inherited entry) of "
+               "the keys each inherited key group holds, from a scan of the keys only; a "
+               "miss it rules out (a key the restored snapshot never held) reads as \"no "
+               "value\" without a database round trip. Needs `local.enabled` and "
+               "`write.async`; ignored otherwise."),
     OptionSpec("on-fresh-start", "on_fresh_start", "fail",
                "A start without a restored checkpoint on a namespace that holds committed "
                "state: `fail`, `resume` (from the latest completed checkpoint) or `truncate`."),
@@ -140,6 +147,7 @@ class NdbStateOptions:
     write_render_process: bool = False
     write_max_pending_bytes: int = 256 * 1024 * 1024
     restore_mode: str = "lazy"
+    restore_key_filter: bool = True
     on_fresh_start: str = "fail"
     checkpoints_retained: int | None = None
     value_max_bytes: int = 64 * 1024 * 1024

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
+from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch, KeyFilterBuild
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import ConfigurationError
@@ -170,6 +170,15 @@ class SubtaskStateBackend:
                 self.prefetch = BackgroundPrefetch(self.protocol,
                                                    self.store.state_ids(info.operator))
                 self.prefetch.start()
+            #: The key filter's build (`restore.key-filter`, lazy restores), or None.
+            self.key_filter_build: KeyFilterBuild | None = None
+            if (options.restore_mode == "lazy" and options.restore_key_filter
+                    and self.table.local is not None and self.write_store is not None
+                    and self.protocol.restored is not None):
+                self.key_filter_build = KeyFilterBuild(
+                    self.protocol, {row["state_id"]: row["state_kind"]
+                                    for row in self.store.catalog(info.operator)})
+                self.key_filter_build.start()
         except BaseException:
             # A refused restore or an unreachable store: release what was opened.
             self._release(close_store=store is None)

@@ -29,6 +29,7 @@ from pyflink_ndb.serialization.keys import KeyJsonMemo, entry_prefix, key_json
 from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, StoredVersion, WriteRow
 from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
+from pyflink_ndb.tiers.key_filter import KeyFilter
 from pyflink_ndb.tiers.local import LocalTier, unpack
 
 EntryId = tuple[int, bytes]
@@ -124,6 +125,10 @@ class TieredTable:
         #: branch inherited nothing there and tier 2 keeps every evicted entry): a miss
         #: there needs no round trip to the store.
         self.store_has_nothing: Callable[[int], bool] = _never
+        #: Bloom filters of the keys the branch inherited (`restore.key-filter`), or None:
+        #: a miss the filter rules out needs no round trip either (set by the protocol
+        #: only with tier 2, for the reason above; filled in the background).
+        self.key_filter: KeyFilter | None = None
         self.store_reads_saved = 0
         #: Held while tier 2 is written from two threads: the task thread's evictions and
         #: the background prefetch (:meth:`preload_absent`).
@@ -216,7 +221,9 @@ class TieredTable:
         entry = self._lower(eid)
         if entry is not None:
             self.tier2_hits += 1
-        elif self.store_has_nothing(key_group):
+        elif self.store_has_nothing(key_group) or (
+                self.key_filter is not None
+                and not self.key_filter.might_hold(key_group, eid[0], eid[1])):
             self.store_reads_saved += 1
             entry = Entry(None, key_group, None)
         else:
@@ -351,7 +358,10 @@ class TieredTable:
         ranges = self.visibility(key_group)
 
         def remote() -> Iterator[bytes]:
-            if self.store_has_nothing(key_group):
+            if self.store_has_nothing(key_group) or (
+                    self.key_filter is not None
+                    and not self.key_filter.might_hold_prefix(key_group, state_id, prefix)):
+                self.store_reads_saved += 1
                 return
             after: bytes | None = None
             while True:
@@ -472,6 +482,7 @@ class TieredTable:
         self._dirty_bytes = 0
         self._dirty_in_local = 0
         self._frozen = []
+        self.key_filter = None
         if self.local is not None:
             self.local.clear()
 
