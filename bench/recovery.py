@@ -104,7 +104,8 @@ ESTIMATE_MARGIN = 1.15
 #: A run starts only while the part has used less than this times its budget.
 OVERRUN = 1.1
 
-#: (key, label, Flink backend kind as bench.run knows it, restore.mode).
+#: (key, label, Flink backend kind as bench.run knows it, restore.mode; `lazy-nofilter`:
+#: lazy with `restore.key-filter: false`).
 BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("hashmap", "Flink hashmap", "hashmap", None),
     ("rocksdb-full", "Flink RocksDB, full checkpoints", "rocksdb", None),
@@ -113,6 +114,8 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("ndb-sqlite-background", "pyflink-ndb SQLite, restore.mode background", "ndb-sqlite",
      "background"),
     ("ndb-mariadb", "pyflink-ndb MariaDB (lazy)", "ndb-mariadb", "lazy"),
+    ("ndb-mariadb-nofilter", "pyflink-ndb MariaDB (lazy, restore.key-filter false)",
+     "ndb-mariadb", "lazy-nofilter"),
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
 )
@@ -120,6 +123,7 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
 QUICK_BACKENDS = ("hashmap", "rocksdb-incremental", "ndb-sqlite", "ndb-mariadb-background")
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-sqlite-background": "sq_bg", "ndb-mariadb": "my",
+          "ndb-mariadb-nofilter": "my_nf",
           "ndb-mariadb-background": "my_bg"}
 
 
@@ -529,7 +533,9 @@ def run_backend(key: str, keys: int, mysql_url: str, prefix: str, work: str,
         namespace = f"{prefix}_rcv_{_SHORT[key]}_{keys}"
         url = store_url(kind, mysql_url, namespace)
         options = ndb_options(url, namespace)
-        options["state.backend.ndb.restore.mode"] = restore_mode
+        options["state.backend.ndb.restore.mode"] = restore_mode.split("-")[0]
+        if restore_mode == "lazy-nofilter":
+            options["state.backend.ndb.restore.key-filter"] = "false"
         drop_namespace(url, namespace)
     extra = flink_extra(kind, folder / "checkpoints")
     if kind == "rocksdb":

@@ -35,7 +35,10 @@ Figures (see README, "Benchmarks"):
    backend of part 7 (RocksDB also with native savepoints), each run in a fresh JVM;
 9. state work without Flink (`--only state-work`, bench/statework.py; issue 9, item 4):
    part 7's state calls replayed on a LocalSubtask: CPU microseconds per record of the
-   task thread and of the background writer, against a floor of plain dicts.
+   task thread and of the background writer, against a floor of plain dicts;
+10. misses after a restore (`--only key-filter`, bench/keyfilter.py; issue 9, item 1): a
+   probe of existing and new keys right after a lazy restore, with `restore.key-filter`
+   off and on: round trips, seconds, the filter's build time, size and false positives.
 
 Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-pause.png).
 """
@@ -1415,6 +1418,10 @@ def summary_markdown(meta: dict, results: dict) -> str:
         from bench.statework import markdown as statework_markdown
 
         lines += statework_markdown(results["state_work"])
+    if results.get("key_filter"):
+        from bench.keyfilter import markdown as keyfilter_markdown
+
+        lines += keyfilter_markdown(results["key_filter"])
     return "\n".join(lines)
 
 
@@ -1677,7 +1684,7 @@ def git_commit() -> str:
 @click.option("--only", multiple=True,
               type=click.Choice(["throughput", "recovery", "snapshot", "checkpoint-pause",
                                  "sql", "restore-rows", "reads", "profile",
-                                 "recovery-rescale", "state-work"]),
+                                 "recovery-rescale", "state-work", "key-filter"]),
               help="Run only these parts (repeatable; default: all). `sql` reads the state "
                    "of the throughput run; `checkpoint-pause` is `snapshot` (part 3).")
 @click.option("--repeat", type=int, default=None,
@@ -1705,7 +1712,8 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         return
     parts = {"snapshot" if p == "checkpoint-pause" else p
              for p in only or ("throughput", "recovery", "snapshot", "sql", "restore-rows",
-                               "reads", "profile", "recovery-rescale", "state-work")}
+                               "reads", "profile", "recovery-rescale", "state-work",
+                               "key-filter")}
     rounds = repeat or (1 if quick else 3)
     WORK.mkdir(parents=True, exist_ok=True)
     # This process's Flink log (read for the restore timeline), apart from the shared default
@@ -1723,7 +1731,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     from tqdm import tqdm
 
     order = ("throughput", "recovery", "snapshot", "sql", "restore-rows", "reads", "profile",
-             "recovery-rescale", "state-work")
+             "recovery-rescale", "state-work", "key-filter")
     progress = tqdm(total=len(parts), desc="bench parts", unit=" part", file=sys.stderr,
                     disable=None)
 
@@ -1793,6 +1801,12 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
             mysql_url, NAMESPACE_PREFIX[0], 20_000 if quick else 60_000, 1 if quick else 3,
             log=log)
     part_done(order[8])
+    if "key-filter" in parts:
+        from bench.keyfilter import bench_keyfilter
+
+        results["key_filter"] = bench_keyfilter(
+            mysql_url, NAMESPACE_PREFIX[0], 20_000 if quick else 100_000, log=log)
+    part_done(order[9])
     progress.close()
     meta["elapsed_s"] = time.monotonic() - started
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "results": results},

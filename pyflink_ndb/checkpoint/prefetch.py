@@ -79,6 +79,8 @@ class KeyGroupWalk:
         #: Key groups whose every state is walked (written by the writer thread).
         self.done: set[int] = set()
         self.finished = False
+        #: Seconds from :meth:`start` to the last page (None until finished).
+        self.seconds: float | None = None
         self._started = 0.0
 
     def start(self) -> None:
@@ -94,8 +96,9 @@ class KeyGroupWalk:
     def _page(self, kg_index: int, sid_index: int, after: bytes | None) -> None:
         """Writer thread: one page; queues the next one."""
         if kg_index >= len(self.key_groups) or not self.state_ids:
+            self.seconds = time.monotonic() - self._started
             self.finished = True
-            self._finished(time.monotonic() - self._started)
+            self._finished(self.seconds)
             return
         kg = self.key_groups[kg_index]
         last = self._read_page(kg, self.state_ids[sid_index], after)
