@@ -86,8 +86,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "needs `local.enabled` and `write.async`, else it is `eager`."),
     OptionSpec("restore.key-filter", "restore_key_filter", True,
                "With `restore.mode: lazy`: after a restore, the background writer builds a "
-               "Bloom filter (1 % false positives, about 1.2 bytes per inherited entry) of "
-               "the keys each inherited key group holds, from a scan of the keys only; a "
+               "Bloom filter (1 % false positives, about 1.2 bytes per inherited row, 2.4 "
+               "for map and list rows) of the keys each inherited key group holds, from a "
+               "scan of a narrow index (keys only, no values); a "
                "miss it rules out (a key the restored snapshot never held) reads as \"no "
                "value\" without a database round trip. Needs `local.enabled` and "
                "`write.async`; ignored otherwise."),

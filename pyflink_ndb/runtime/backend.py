@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch, KeyFilterBuild
+from pyflink_ndb.checkpoint.key_filter_build import KeyFilterBuild
+from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import ConfigurationError

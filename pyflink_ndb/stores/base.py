@@ -668,22 +668,6 @@ class StateStore(ABC):
             return out
         return self._retry("scan", unit)
 
-    def scan_ukeys(self, state_id: int, key_group: int, after: bytes | None, limit: int,
-                   ranges: Ranges) -> list[bytes]:
-        """One page of the user keys of one state in one key group that have a version in
-        `ranges` (tombstones included), in user-key order, strictly after `after`; at most
-        `limit` rows are read, so a key may come twice (once per visible version) and a
-        page shorter than `limit` ends the scan. Reads the primary key only (an
-        index-only scan: no value is read), for the key filter
-        (:mod:`pyflink_ndb.tiers.key_filter`)."""
-        where, vparams = visible("version", ranges)
-        sql = (f"SELECT ukey FROM {self.t_state} WHERE key_group = ? AND state_id = ?"
-               + (" AND ukey > ?" if after is not None else "")
-               + f" AND chunk = 0 AND {where} ORDER BY ukey LIMIT ?")
-        params: list[Any] = [key_group, state_id, *([after] if after is not None else []),
-                             *vparams, limit]
-        return [bytes(u) for (u,) in self._read("scan keys", sql, params)]
-
     def scan_key_groups(self, state_ids: Sequence[int], kg_start: int, kg_end: int,
                         ranges_of: Callable[[int], Ranges], page_rows: int = 1000
                         ) -> Iterator[tuple[int, int, bytes, StoredVersion]]:

@@ -6,17 +6,18 @@ in memory once the key group's filter is built: :meth:`KeyFilter.might_hold` Fal
 the store holds no version of that entry visible to this attempt's inherited ranges.
 Why a filter built once stays valid, and who builds it: docs/protocol.md, "Misses the
 store cannot answer (key filter)"; the builder is
-:class:`pyflink_ndb.checkpoint.prefetch.KeyFilterBuild`.
+:class:`pyflink_ndb.checkpoint.key_filter_build.KeyFilterBuild`.
 
 The filters are rbloom's (`rbloom.Bloom`, Rust): about 0.05 us a lookup, sized per key
-group from the number of keys added, at :data:`FALSE_POSITIVE_RATE`. Keys are hashed with
-Python's own `hash()` of bytes (randomised per process): a filter lives only in the
-attempt that built it and is never stored.
+group from the number of keys added, at :data:`FALSE_POSITIVE_RATE`. A filter holds the
+`hash()` of each member (:func:`entry_member`, :func:`prefix_member`): Python's own hash
+of bytes, randomised per process, which is why a filter lives only in the attempt that
+built it and is never stored (and its builder can hold 8 bytes per member, not the key).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rbloom import Bloom
 
@@ -59,15 +60,15 @@ class KeyFilter:
         #: Lookups answered "absent" (each spared a round trip).
         self.ruled_out = 0
 
-    def add_key_group(self, key_group: int, members: list[bytes]) -> None:
-        """Install the filter of `key_group` holding `members` (from
-        :func:`entry_member` and :func:`prefix_member`). Called once per key group by the
-        builder, after the key group's scan is complete: a partial filter would rule out
-        keys not scanned yet."""
-        bloom = Bloom(max(len(members), 1), FALSE_POSITIVE_RATE)
-        bloom.update(members)
+    def add_key_group(self, key_group: int, hashes: Sequence[int]) -> None:
+        """Install the filter of `key_group` holding `hashes` (the `hash()` of each
+        :func:`entry_member` and :func:`prefix_member`; repeats only make it larger).
+        Called once per key group by the builder, after the key group's scan is complete:
+        a partial filter would rule out keys not scanned yet."""
+        bloom = Bloom(max(len(hashes), 1), FALSE_POSITIVE_RATE)
+        bloom.update(hashes)
         self._filters[key_group] = bloom  # one dict store: atomic for the task thread
-        self.members += len(members)
+        self.members += len(hashes)
 
     def built(self, key_group: int) -> bool:
         return key_group in self._filters
@@ -86,7 +87,7 @@ class KeyFilter:
         """False when the store surely holds no inherited version of the entry."""
         bloom = self._filters.get(key_group)
         if bloom is None or state_id not in self.state_ids \
-                or entry_member(state_id, ukey) in bloom:
+                or hash(entry_member(state_id, ukey)) in bloom:
             return True
         self.ruled_out += 1
         return False
@@ -96,7 +97,7 @@ class KeyFilter:
         `prefix` (the encoded Flink key and namespace)."""
         bloom = self._filters.get(key_group)
         if bloom is None or state_id not in self.prefix_state_ids \
-                or prefix_member(state_id, prefix) in bloom:
+                or hash(prefix_member(state_id, prefix)) in bloom:
             return True
         self.ruled_out += 1
         return False
