@@ -38,6 +38,7 @@ from pyflink.datastream.state import (
     ValueStateDescriptor,
 )
 
+from pyflink_ndb.checkpoint import key_filter_build
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, FencedError
 from pyflink_ndb.serialization.keys import decode_key, split_key
@@ -621,9 +622,10 @@ def test_protocol_model_sqlite_eager_restore() -> None:
         suppress_health_check=[HealthCheck.too_slow]))
 
 
-def test_protocol_model_sqlite_key_filter_built() -> None:
+def test_protocol_model_sqlite_key_filter_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """The model with each restore's key filter built before the first read: misses the
     filter rules out read as "no value" without the store (restore.key-filter)."""
+    monkeypatch.setattr(key_filter_build, "START_AFTER_ABSENT_READS", 0)
     STATS.clear()
     machine = type("ProtocolMachine_key_filter", (ProtocolMachine,), {
         "STORE_KIND": "sqlite", "AWAIT_KEY_FILTER": True})

@@ -179,7 +179,7 @@ class SubtaskStateBackend:
                 self.key_filter_build = KeyFilterBuild(
                     self.protocol, {row["state_id"]: row["state_kind"]
                                     for row in self.store.catalog(info.operator)})
-                self.key_filter_build.start()
+                self.key_filter_build.arm()
         except BaseException:
             # A refused restore or an unreachable store: release what was opened.
             self._release(close_store=store is None)

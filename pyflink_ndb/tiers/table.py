@@ -130,6 +130,12 @@ class TieredTable:
         #: only with tier 2, for the reason above; filled in the background).
         self.key_filter: KeyFilter | None = None
         self.store_reads_saved = 0
+        #: Point reads the store answered "no value" (a key it does not hold).
+        self.absent_reads = 0
+        #: Called once (on the task thread) when :attr:`absent_reads` reaches
+        #: :attr:`absent_reads_trigger_at`: starts the key filter's build.
+        self.on_absent_reads: Callable[[], None] | None = None
+        self.absent_reads_trigger_at = 0
         #: Held while tier 2 is written from two threads: the task thread's evictions and
         #: the background prefetch (:meth:`preload_absent`).
         self.local_lock = threading.Lock()
@@ -250,7 +256,16 @@ class TieredTable:
             self.store_read_seconds += time.perf_counter() - started
             entry = self._stored_entry(version, key_group)
             self._cache_put(eid, entry)
+            if entry.value is None:
+                self._count_absent(1)
         return entry
+
+    def _count_absent(self, reads: int) -> None:
+        self.absent_reads += reads
+        trigger = self.on_absent_reads
+        if trigger is not None and self.absent_reads >= self.absent_reads_trigger_at:
+            self.on_absent_reads = None
+            trigger()
 
     def get_many(self, state_id: int, ukeys: list[bytes], key_group: int) -> list[Entry]:
         """:meth:`get` of several entries of one key group (in order); the ones no tier
@@ -264,10 +279,14 @@ class TieredTable:
                                                 [ukeys[i] for i in missing],
                                                 self.visibility(key_group))
             self.store_read_seconds += time.perf_counter() - started
+            absent = 0
             for i in missing:
                 entry = self._stored_entry(found.get(ukeys[i]), key_group)
                 self._cache_put((state_id, ukeys[i]), entry)
                 out[i] = entry
+                absent += entry.value is None
+            if absent:
+                self._count_absent(absent)
         return [e for e in out if e is not None]
 
     def put(self, state_id: int, ukey: bytes, key_group: int, value: bytes | None,
@@ -483,6 +502,7 @@ class TieredTable:
         self._dirty_in_local = 0
         self._frozen = []
         self.key_filter = None
+        self.on_absent_reads = None
         if self.local is not None:
             self.local.clear()
 
