@@ -85,7 +85,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "the local tier in pages meanwhile (a key group done needs no store reads); "
                "needs `local.enabled` and `write.async`, else it is `eager`."),
     OptionSpec("restore.key-filter", "restore_key_filter", True,
-               "With `restore.mode: lazy`: after a restore, the background writer builds a "
+               "With `restore.mode: lazy`: after a restore whose point reads found 1,000 "
+               "keys the database does not hold, the background writer builds a "
                "Bloom filter (1 % false positives, about 1.2 bytes per inherited row, 2.4 "
                "for map and list rows) of the keys each inherited key group holds, from a "
                "scan of a narrow index (keys only, no values); a "
