@@ -12,7 +12,8 @@ as one subtask of parallelism 2; cache 10,000, tier 2 on, lazy restore):
    each reads and rewrites the ValueState of a key and reads a map entry; half the
    records hit random existing keys, half new keys (never stored: first seen after the
    restore, like a new user). Measured: restore → probe end (wall seconds), the store
-   round trips the probe made, the filter build's duration, its size and members.
+   round trips the probe made, the filter build's duration (it starts after the first
+   1,000 reads of keys the store does not hold), its size and members.
 3. **Steady state**: with the filter built (the writer idle), a second probe of
    :data:`PROBE` new keys; measured: its seconds, round trips, and the false-positive rate
    the filter showed (round trips / lookups of new keys).
@@ -159,7 +160,7 @@ def markdown(r: dict[str, Any]) -> list[str]:
              "keys, half new keys (each: read and rewrite the value, read a map entry). "
              f"Then {r['probe']:,} more new keys with the filter built. Round trips = "
              "store reads on the task thread.", "",
-             "| store | key filter | restore → probe end s | round trips | filter ready s | "
+             "| store | key filter | restore → probe end s | round trips | build s | "
              "new keys after s | round trips | false positives | filter bytes | bytes per "
              "entry |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for store, run in r["runs"].items():
@@ -170,8 +171,10 @@ def markdown(r: dict[str, Any]) -> list[str]:
                 f"{v.get('filter_ready_s', float('nan')):.1f} | {v['steady_s']:.2f} | "
                 f"{v['steady_reads']:,} | {v['steady_fp_rate']:.2%} | "
                 f"{v.get('filter_bytes', 0):,} | {v.get('bytes_per_entry', 0):.2f} |")
-    lines += ["", "(false positives: round trips / lookups of new keys, two per key: the "
-              "value and the map entry; bytes per entry: filter bytes / stored entries.)", ""]
+    lines += ["", "(build s: from the build's start, after the probe's first 1,000 reads of "
+              "keys the store does not hold, to its last page; false positives: round trips "
+              "/ lookups of new keys, two per key: the value and the map entry; bytes per "
+              "entry: filter bytes / stored entries.)", ""]
     return lines
 
 
