@@ -126,8 +126,9 @@ class TieredTable:
         #: there needs no round trip to the store.
         self.store_has_nothing: Callable[[int], bool] = _never
         #: Bloom filters of the keys the branch inherited (`restore.key-filter`), or None:
-        #: a miss the filter rules out needs no round trip either (set by the protocol
-        #: only with tier 2, for the reason above; filled in the background).
+        #: a miss the filter rules out needs no round trip either (set by the filter's
+        #: build, `checkpoint.key_filter_build`, only with tier 2, for the reason above;
+        #: filled in the background).
         self.key_filter: KeyFilter | None = None
         self.store_reads_saved = 0
         #: Point reads the store answered "no value" (a key it does not hold).
