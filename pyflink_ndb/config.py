@@ -167,6 +167,10 @@ class NdbStateOptions:
             raise ConfigurationError(
                 f"{PREFIX}url must start with mysql:// or sqlite:// "
                 f"(got {redact_url(self.url)!r}).")
+        for spec in OPTIONS:
+            if isinstance(spec.default, bool):
+                _require(isinstance(getattr(self, spec.field), bool), spec.key,
+                         f"true or false (got {getattr(self, spec.field)!r})")
         _require(self.cache_max_entries >= 1, "cache.max-entries", "at least 1")
         _require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
         _require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
@@ -241,9 +245,14 @@ def _convert(spec: OptionSpec, raw: Any) -> Any:
         if isinstance(default, int) or spec.field == "checkpoints_retained":
             return int(text)
     except ValueError as err:
-        kind = "true or false" if isinstance(default, bool) else "a whole number"
+        if isinstance(default, bool):
+            raise ConfigurationError(
+                f"{PREFIX}{spec.key}={raw!r} is not true or false: set it to true or false "
+                f"(also accepted: yes/no, 1/0, any case; default: "
+                f"{str(default).lower()}).") from err
         raise ConfigurationError(
-            f"{PREFIX}{spec.key}={raw!r} is not {kind}.") from err
+            f"{PREFIX}{spec.key}={raw!r} is not a whole number: set a whole number "
+            f"(default: {default}).") from err
     return text
 
 
@@ -289,6 +298,8 @@ def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
             if spec is None:
                 raise ConfigurationError(
                     f"Unknown option {key!r}. Known options: {', '.join(KNOWN_KEYS)}.")
+            if raw is None:
+                continue  # not set: the default (or an earlier source) stays
             values[spec.field] = _convert(spec, raw)
     if values.get("checkpoints_retained") is None and flink_retained is not None:
         values["checkpoints_retained"] = _convert(_BY_KEY["checkpoints.retained"],

@@ -78,6 +78,9 @@ def test_values_are_converted(key: str, raw: object, expected: object) -> None:
     ("checkpoints.retained", "0", "at least 1"),
     ("checkpoints.retained", "all", "whole number"),
     ("local.enabled", "maybe", "true or false"),
+    ("restore.key-filter", "maybe", "set it to true or false"),
+    ("restore.key-filter", "off", "default: true"),
+    ("cache.max-entries", "lots", "default: 10000"),
     ("restore.mode", "fast", "lazy"),
     ("on-fresh-start", "ignore", "truncate"),
     ("namespace", "Bad-Name", "namespace"),
@@ -92,6 +95,22 @@ def test_bad_values_are_configuration_errors(key: str, raw: str, needle: str) ->
     message = str(info.value)
     assert needle in message
     assert P + key in message or key == "url"
+
+
+def test_a_value_of_none_means_not_set() -> None:
+    options = from_flink_keys({P + "restore.key-filter": None, P + "url": None,
+                               P + "cache.max-entries": None})
+    assert options.restore_key_filter is True
+    assert options.url == NdbStateOptions().url
+    assert options.cache_max_entries == NdbStateOptions().cache_max_entries
+    # An earlier source's value stays when a later one has None.
+    assert from_flink_keys({P + "restore.key-filter": "false"},
+                           {P + "restore.key-filter": None}).restore_key_filter is False
+
+
+def test_constructor_refuses_a_non_boolean_for_a_boolean_option() -> None:
+    with pytest.raises(ConfigurationError, match="restore.key-filter must be true or false"):
+        NdbStateOptions(restore_key_filter="maybe")  # type: ignore[arg-type]
 
 
 def test_flink_num_retained_is_the_default_of_checkpoints_retained() -> None:

@@ -346,7 +346,10 @@ class BackgroundWriter:
             if job.fail_fast and job.checkpoint_id is not None:
                 self._report(job.checkpoint_id, error)
             if error is not None and not job.fail_fast:
-                log.warning("pyflink-ndb: background %s failed: %s", job.name, error)
+                # A background job stopped by close() (a prefetch or key-filter page that
+                # could not queue the next one) is expected, not a warning.
+                (log.debug if self._s.closing else log.warning)(
+                    "pyflink-ndb: background %s failed: %s", job.name, error)
 
     def _next_job(self) -> Job:
         """Under the lock: the first job that is not a background one, else the first."""
