@@ -78,24 +78,26 @@ class KeyFilterBuild:
         assert protocol.lineage is not None
         self.protocol = protocol
         s = protocol.scope
-        self.segments = [(max(seg.kg_start, s.key_group_start), min(seg.kg_end,
-                                                                    s.key_group_end))
-                         for seg in protocol.lineage.segments if seg.inherited]
-        ranges = [seg.inherited for seg in protocol.lineage.segments if seg.inherited]
-        self._scans = [_Scan(i, sid, lo, hi) for i, inherited in enumerate(ranges)
-                       for sid in sorted(state_kinds) for lo, hi in inherited]
+        inherited = [seg for seg in protocol.lineage.segments if seg.inherited]
+        self.segments = [(max(seg.kg_start, s.key_group_start),
+                          min(seg.kg_end, s.key_group_end)) for seg in inherited]
+        self._scans = [_Scan(i, sid, lo, hi) for i, seg in enumerate(inherited)
+                       for sid in sorted(state_kinds) for lo, hi in seg.inherited]
         prefix_ids = {sid for sid, kind in state_kinds.items() if kind in PREFIX_KINDS}
         self.filter = KeyFilter(state_kinds, prefix_ids)
         #: Key groups whose filter is installed.
         self.done: set[int] = set()
-        #: True once the build started (:meth:`arm`).
-        self.started = False
         self.finished = False
         #: Seconds from :meth:`start` to the last page (None until finished).
         self.seconds: float | None = None
         self.rows = 0
         self._hashes: dict[int, array[int]] = {}
-        self._started = 0.0
+        self._started_at: float | None = None
+
+    @property
+    def started(self) -> bool:
+        """True once the build started (:meth:`arm`)."""
+        return self._started_at is not None
 
     @property
     def key_groups(self) -> list[int]:
@@ -114,8 +116,7 @@ class KeyFilterBuild:
 
     def start(self) -> None:
         """Install the (empty) filter in the table and queue the first page."""
-        self.started = True
-        self._started = time.monotonic()
+        self._started_at = time.monotonic()
         self.protocol.table.key_filter = self.filter
         self._submit(0, None)
 
@@ -127,7 +128,8 @@ class KeyFilterBuild:
     def _page(self, index: int, after: tuple[int, int, bytes] | None) -> None:
         """Writer thread: one page of scan `index`; queues the next one."""
         if index >= len(self._scans):
-            self.seconds = time.monotonic() - self._started
+            assert self._started_at is not None
+            self.seconds = time.monotonic() - self._started_at
             self.finished = True
             p = self.protocol
             log.info("pyflink-ndb %s/%d: key filter of %d key groups built in %.1f s (%d "

@@ -70,9 +70,6 @@ class KeyFilter:
         self._filters[key_group] = bloom  # one dict store: atomic for the task thread
         self.members += len(hashes)
 
-    def built(self, key_group: int) -> bool:
-        return key_group in self._filters
-
     @property
     def key_groups(self) -> int:
         """Key groups whose filter is built."""
@@ -85,19 +82,19 @@ class KeyFilter:
 
     def might_hold(self, key_group: int, state_id: int, ukey: bytes) -> bool:
         """False when the store surely holds no inherited version of the entry."""
-        bloom = self._filters.get(key_group)
-        if bloom is None or state_id not in self.state_ids \
-                or hash(entry_member(state_id, ukey)) in bloom:
-            return True
-        self.ruled_out += 1
-        return False
+        return self._might_hold(key_group, state_id in self.state_ids,
+                                entry_member(state_id, ukey))
 
     def might_hold_prefix(self, key_group: int, state_id: int, prefix: bytes) -> bool:
         """False when the store surely holds no inherited entry of the map or list at
         `prefix` (the encoded Flink key and namespace)."""
+        return self._might_hold(key_group, state_id in self.prefix_state_ids,
+                                prefix_member(state_id, prefix))
+
+    def _might_hold(self, key_group: int, covered: bool, member: bytes) -> bool:
+        """`covered`: the builder added the members of this kind for this state."""
         bloom = self._filters.get(key_group)
-        if bloom is None or state_id not in self.prefix_state_ids \
-                or hash(prefix_member(state_id, prefix)) in bloom:
+        if bloom is None or not covered or hash(member) in bloom:
             return True
         self.ruled_out += 1
         return False
