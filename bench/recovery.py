@@ -105,7 +105,8 @@ ESTIMATE_MARGIN = 1.15
 OVERRUN = 1.1
 
 #: (key, label, Flink backend kind as bench.run knows it, restore.mode; `lazy-nofilter`:
-#: lazy with `restore.key-filter: false`).
+#: lazy with `restore.key-filter: false`; `lazy-noreadahead`: lazy with
+#: `read-ahead.records: 0`).
 BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("hashmap", "Flink hashmap", "hashmap", None),
     ("rocksdb-full", "Flink RocksDB, full checkpoints", "rocksdb", None),
@@ -116,6 +117,8 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("ndb-mariadb", "pyflink-ndb MariaDB (lazy)", "ndb-mariadb", "lazy"),
     ("ndb-mariadb-nofilter", "pyflink-ndb MariaDB (lazy, restore.key-filter false)",
      "ndb-mariadb", "lazy-nofilter"),
+    ("ndb-mariadb-noreadahead", "pyflink-ndb MariaDB (lazy, read-ahead.records 0)",
+     "ndb-mariadb", "lazy-noreadahead"),
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
 )
@@ -123,7 +126,7 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
 QUICK_BACKENDS = ("hashmap", "rocksdb-incremental", "ndb-sqlite", "ndb-mariadb-background")
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-sqlite-background": "sq_bg", "ndb-mariadb": "my",
-          "ndb-mariadb-nofilter": "my_nf",
+          "ndb-mariadb-nofilter": "my_nf", "ndb-mariadb-noreadahead": "my_nra",
           "ndb-mariadb-background": "my_bg"}
 
 
@@ -536,6 +539,8 @@ def run_backend(key: str, keys: int, mysql_url: str, prefix: str, work: str,
         options["state.backend.ndb.restore.mode"] = restore_mode.split("-")[0]
         if restore_mode == "lazy-nofilter":
             options["state.backend.ndb.restore.key-filter"] = "false"
+        if restore_mode == "lazy-noreadahead":
+            options["state.backend.ndb.read-ahead.records"] = "0"
         drop_namespace(url, namespace)
     extra = flink_extra(kind, folder / "checkpoints")
     if kind == "rocksdb":

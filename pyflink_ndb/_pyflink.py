@@ -89,6 +89,28 @@ def hook_record_keys(operation: Any, set_key: Any, *,
     return True
 
 
+def record_key_reader(operation: Any) -> Any:
+    """A function that reads the key of a record as Java hands it to `operation` (a
+    thread-mode keyed operation, before its input converter), or None when the operation
+    has another shape.
+
+    PyFlink's embedded `OneInputFunctionOperation.process_element` converts the record
+    with `_input_data_converter` (`fn_execution/embedded/converters.py`): a
+    `RowDataConverter` of the `(key, value)` row, whose external form is
+    `(row kind, (key, value))`. Only the key field is converted here (the value may be
+    pickled: unpickling it twice per record would cost more than the read it saves).
+    """
+    converter = getattr(operation, "_input_data_converter", None)
+    fields = getattr(converter, "_field_data_converters", None)
+    if not fields or not callable(getattr(fields[0], "to_internal", None)):
+        return None
+    key_field = fields[0]
+
+    def record_key(record: Any) -> Any:
+        return key_field.to_internal(record[1][0])
+    return record_key
+
+
 #: The getters of PyFlink's embedded `KeyedStateBackend` that create keyed state.
 KEYED_STATE_GETTERS = ("get_value_state", "get_list_state", "get_map_state",
                        "get_reducing_state", "get_aggregating_state")

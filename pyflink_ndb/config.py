@@ -93,6 +93,16 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "miss it rules out (a key the restored snapshot never held) reads as \"no "
                "value\" without a database round trip. Needs `local.enabled` and "
                "`write.async`; ignored otherwise."),
+    OptionSpec("read-ahead.records", "read_ahead_records", 100,
+               "Records a keyed process function's bridge buffers while its reads miss "
+               "(after a restore): before processing them it reads their keys' entries "
+               "of the value, reducing and aggregating states that missed, in one "
+               "database query per 100 entries instead of a round trip per key. When a "
+               "bundle would save nothing (every key cached), records pass straight "
+               "through for a while (1,000 records, doubling up to 65,536). 0: off."),
+    OptionSpec("read-ahead.max-wait-ms", "read_ahead_max_wait_ms", 5,
+               "Longest time (ms) a record waits in a read-ahead bundle that is not full "
+               "(the latency reading ahead may add, only while it is active); at least 1."),
     OptionSpec("on-fresh-start", "on_fresh_start", "fail",
                "A start without a restored checkpoint on a namespace that holds committed "
                "state: `fail`, `resume` (from the latest completed checkpoint) or `truncate`."),
@@ -150,6 +160,8 @@ class NdbStateOptions:
     write_max_pending_bytes: int = 256 * 1024 * 1024
     restore_mode: str = "lazy"
     restore_key_filter: bool = True
+    read_ahead_records: int = 100
+    read_ahead_max_wait_ms: int = 5
     on_fresh_start: str = "fail"
     checkpoints_retained: int | None = None
     value_max_bytes: int = 64 * 1024 * 1024
@@ -175,6 +187,8 @@ class NdbStateOptions:
         _require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
         _require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
         _require(self.write_max_pending_bytes >= 1, "write.max-pending-bytes", "at least 1")
+        _require(self.read_ahead_records >= 0, "read-ahead.records", "at least 0")
+        _require(self.read_ahead_max_wait_ms >= 1, "read-ahead.max-wait-ms", "at least 1")
         _require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
                  "`lazy`, `eager` or `background`")
         _require(self.on_fresh_start in ("fail", "resume", "truncate"), "on-fresh-start",

@@ -177,3 +177,34 @@ def test_keyed_state_is_routed_on_the_shared_backend_object():
     assert _pyflink.route_keyed_state(RuntimeContext(backend), lambda d: ("tiered", d))
     assert backend.get_map_state("merging-window-set") == ("tiered", "merging-window-set")
     assert not _pyflink.route_keyed_state(object(), lambda d: None)
+
+
+def test_records_reach_the_operation_as_the_external_form_of_a_key_value_row():
+    """What `record_key_reader` relies on: the one-input operation converts each record
+    with `_input_data_converter`, a RowDataConverter whose external form is
+    `(row kind, fields)`."""
+    main = _embedded_source("fn_execution/embedded/operations.py")
+    assert "self._input_data_converter = input_data_converter" in main
+    assert "self._input_data_converter.to_internal(value))" in main
+    converters = _embedded_source("fn_execution/embedded/converters.py")
+    assert "self._field_data_converters = field_data_converters" in converters
+    assert "for i, item in enumerate(value[1])]" in converters
+
+
+def test_record_key_reader_converts_only_the_key_field():
+    class Field:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def to_internal(self, value):
+            return (self.tag, value)
+
+    class Converter:
+        _field_data_converters = [Field("key"), Field("value")]
+
+    class Operation:
+        _input_data_converter = Converter()
+
+    read = _pyflink.record_key_reader(Operation())
+    assert read((0, ("k1", b"pickled"))) == ("key", "k1")
+    assert _pyflink.record_key_reader(object()) is None

@@ -145,11 +145,16 @@ class SubtaskStateBackend:
             #: entry than an LRU): about 100 bytes an entry.
             self._kg_memo: dict[bytes, int] = {}
             self._kg_memo_max = max(options.cache_max_entries * 2, KEY_GROUP_MEMO_ENTRIES)
+            #: The table's point reads of the store when :meth:`read_ahead` last ran
+            #: (None: it never ran).
+            self._store_reads_at_read_ahead: int | None = None
             self.current_key: Any = None
             self.current_key_bytes: bytes | None = None
             self.current_key_group = -1
             #: True once records set the current key themselves (see :meth:`attach_operation`).
             self.keys_from_records = False
+            #: Reads the key of a record as the bridge hands it (read-ahead), or None.
+            self._record_key: Callable[[Any], Any] | None = None
             #: Set by a window operation's wrapper: timers carry their key in their context.
             self.timer_keys_from_context = False
             #: Cleared by a keyed broadcast function's wrapper: the second (broadcast)
@@ -239,6 +244,51 @@ class SubtaskStateBackend:
             self._kg_memo[key_bytes] = key_group
         self.current_key_group = key_group
 
+    def read_ahead_settings(self) -> list[int]:
+        """`[records per bundle, longest wait in ms]` for the Java bridge
+        (`read-ahead.records`, `read-ahead.max-wait-ms`); records 0: the bridge never
+        buffers (the option is 0, or the records' keys cannot be read in Python, see
+        :meth:`attach_operation`). Called once, after :meth:`attach_operation`."""
+        records = self.options.read_ahead_records if self._record_key is not None else 0
+        return [records, self.options.read_ahead_max_wait_ms]
+
+    def read_ahead(self, records: Any, key_groups: Any) -> int:
+        """Called by the Java bridge with a bundle of records before it processes them
+        (`state.backend.ndb.read-ahead.records`): remembers each record's key group (no
+        call into Java for it later) and reads the bundle's point entries that only the
+        store knows in one query (:meth:`TieredTable.read_ahead
+        <pyflink_ndb.tiers.table.TieredTable.read_ahead>`).
+
+        :param records: the records as the bridge hands them to the operation's
+            `process_element` (before its input converter; see
+            :func:`pyflink_ndb._pyflink.record_key_reader`).
+        :param key_groups: each record's key group, as Flink assigns it.
+        :returns: the store reads the bundle saves or needed: the entries read ahead plus
+            the point reads of the store since the previous bundle (1 for the first
+            bundle, which cannot know). 0 tells the bridge that reading ahead gains
+            nothing now (it then passes records straight through for a while).
+        """
+        keys: list[tuple[bytes, int]] = []
+        memo = self._kg_memo
+        record_key = self._record_key
+        if record_key is None:
+            return 0
+        for record, key_group in zip(records, key_groups, strict=True):
+            key_bytes = encode_key(record_key(record))
+            if key_bytes not in memo:
+                if len(memo) >= self._kg_memo_max:
+                    memo.clear()
+                memo[key_bytes] = int(key_group)
+            keys.append((key_bytes, int(key_group)))
+        table = self.table
+        before = self._store_reads_at_read_ahead
+        # The first bundle cannot know yet which states its records read: it reports 1
+        # (keep reading ahead), so its own misses teach the next one.
+        missed = 1 if before is None else table.store_reads - before
+        read = table.read_ahead(keys) if table.point_read_states else 0
+        self._store_reads_at_read_ahead = table.store_reads
+        return read + missed
+
     def require_key(self) -> tuple[bytes, int]:
         if self.current_key_bytes is None:
             raise RuntimeError("No current key: keyed state is only accessible while "
@@ -255,10 +305,11 @@ class SubtaskStateBackend:
         :raises ConfigurationError: a window operation whose records or timers cannot be
             hooked (an apache-flink version whose operations have another shape).
         """
-        from pyflink_ndb._pyflink import hook_record_keys, hook_timer_keys
+        from pyflink_ndb._pyflink import hook_record_keys, hook_timer_keys, record_key_reader
 
         self.keys_from_records = hook_record_keys(
             operation, self.set_current_key, second_input_keyed=self.second_input_keyed)
+        self._record_key = record_key_reader(operation) if self.keys_from_records else None
         if self.timer_keys_from_context and not (
                 self.keys_from_records and hook_timer_keys(operation, self.set_current_key)):
             raise ConfigurationError(

@@ -627,6 +627,55 @@ class StateStore(ABC):
             out.update(self._retry("read", unit))
         return out
 
+    def _latest_arm(self, where: str) -> str:
+        """One member of :meth:`read_latest_batch`'s UNION ALL: the newest visible version
+        of one entry. A derived table, because SQLite accepts ORDER BY and LIMIT in a
+        compound member only there (MySQL and NDB accept it too; the MySQL store
+        uses the parenthesised form, which MariaDB plans without a temporary table)."""
+        return (f"SELECT * FROM (SELECT state_id, ukey, version, tombstone, chunks, "
+                f"expires_at_ms, vbytes FROM {self.t_state} WHERE key_group = ? AND "
+                f"state_id = ? AND ukey = ? AND chunk = 0 AND {where} "
+                "ORDER BY version DESC LIMIT 1) r")
+
+    def read_latest_batch(self, entries: Sequence[tuple[int, int, bytes]],
+                          ranges_of: Callable[[int], Ranges]
+                          ) -> dict[tuple[int, bytes], StoredVersion]:
+        """:meth:`read_latest` of several entries of any states and key groups (the keys of
+        a read-ahead bundle) in one query per :attr:`max_or_terms` entries: a UNION ALL of
+        primary-key reads, each planned like :meth:`read_latest`'s (one index lookup).
+
+        :param entries: (state id, key group, ukey) triples.
+        :param ranges_of: the version ranges the branch sees in a key group.
+        :returns: the newest visible version by (state id, ukey); entries without one are
+            absent (tombstones are included).
+        """
+        out: dict[tuple[int, bytes], StoredVersion] = {}
+        for start in range(0, len(entries), self.max_or_terms):
+            part = entries[start:start + self.max_or_terms]
+            arms: list[str] = []
+            params: list[Any] = []
+            for state_id, key_group, ukey in part:
+                where, vparams = visible("version", ranges_of(key_group))
+                arms.append(self._latest_arm(where))
+                params += [key_group, state_id, ukey, *vparams]
+            sql = " UNION ALL ".join(arms)
+            groups = {(state_id, ukey): key_group for state_id, key_group, ukey in part}
+
+            def unit(sql: str = sql, params: list[Any] = params,
+                     groups: dict[tuple[int, bytes], int] = groups
+                     ) -> dict[tuple[int, bytes], StoredVersion]:
+                found: dict[tuple[int, bytes], StoredVersion] = {}
+                for state_id, ukey, version, tomb, chunks, expires, vbytes in self._query(
+                        sql, params):
+                    eid = (int(state_id), bytes(ukey))
+                    value = None if tomb else self._join_chunks(
+                        groups[eid], eid[0], eid[1], version, vbytes, chunks)
+                    found[eid] = StoredVersion(int(version), bool(tomb), value,
+                                               None if expires is None else int(expires))
+                return found
+            out.update(self._retry("read", unit))
+        return out
+
     def scan_latest(self, state_id: int, key_group: int, prefix: bytes, after: bytes | None,
                     limit: int, ranges: Ranges) -> list[tuple[bytes, StoredVersion]]:
         """One page of the newest visible versions of the entries whose user key starts

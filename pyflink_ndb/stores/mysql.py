@@ -409,6 +409,13 @@ class MysqlStateStore(StateStore):
         for statement in render_statements(replace_into, rows):
             cur.execute(statement)
 
+    def _latest_arm(self, where: str) -> str:
+        """A parenthesised UNION member (MySQL, MariaDB and NDB accept ORDER BY and LIMIT
+        there), planned as one primary-key lookup without a temporary table."""
+        return (f"(SELECT state_id, ukey, version, tombstone, chunks, expires_at_ms, vbytes "
+                f"FROM {self.t_state} WHERE key_group = ? AND state_id = ? AND ukey = ? "
+                f"AND chunk = 0 AND {where} ORDER BY version DESC LIMIT 1)")
+
     @property
     def address(self) -> str:
         """`host:port` of the server (for messages and `run_with_retries(where=...)`)."""

@@ -147,6 +147,13 @@ class TieredTable:
         self.tier2_writes = 0
         #: Seconds spent in point reads of the store (metrics).
         self.store_read_seconds = 0.0
+        #: States whose point reads (:meth:`get`) have asked the store, map and list
+        #: states excepted (their entries are not addressed by the key alone): the ones
+        #: :meth:`read_ahead` reads ahead.
+        self.point_read_states: set[int] = set()
+        #: Entries :meth:`read_ahead` asked of the store, and its queries (metrics).
+        self.read_ahead_entries = 0
+        self.read_ahead_queries = 0
         #: Changes with every snapshot: lets a state tell "written in this epoch" apart.
         self.epoch_token = uuid.uuid4().int >> 64
 
@@ -251,6 +258,8 @@ class TieredTable:
         entry = self._from_tiers(eid, key_group)
         if entry is None:
             self.store_reads += 1
+            if state_id not in self.prefix_states:
+                self.point_read_states.add(state_id)
             started = time.perf_counter()
             version = self.store.read_latest(state_id, key_group, ukey,
                                              self.visibility(key_group))
@@ -289,6 +298,55 @@ class TieredTable:
             if absent:
                 self._count_absent(absent)
         return [e for e in out if e is not None]
+
+    def read_ahead(self, keys: list[tuple[bytes, int]]) -> int:
+        """Read ahead the point entries of a bundle of records about to be processed: for
+        each state of :attr:`point_read_states` and each (ukey, key group) of `keys`, the
+        entries no tier knows and the key filter does not rule out go to the store
+        together (:meth:`StateStore.read_latest_batch
+        <pyflink_ndb.stores.base.StateStore.read_latest_batch>`, one query per
+        `max_or_terms` entries) and into tier 1, so the records' own reads hit tier 1.
+
+        At most half of tier 1 is read ahead (the rest of the bundle reads as usual), so
+        the bundle cannot evict what it read ahead. Hits are not counted here: the
+        records' reads count them.
+
+        :param keys: the ukeys (encoded key, void namespace) and key groups of the bundle.
+        :returns: the entries asked of the store (0: nothing to gain from reading ahead).
+        """
+        wanted: list[tuple[int, int, bytes]] = []
+        room = max(1, self._cache.maxsize // 2)
+        seen: set[EntryId] = set()
+        for state_id in self.point_read_states:
+            for ukey, key_group in keys:
+                eid = (state_id, ukey)
+                if eid in seen or eid in self._cache:
+                    continue
+                seen.add(eid)
+                if (self._lower(eid) is None and not self.store_has_nothing(key_group)
+                        and (self.key_filter is None
+                             or self.key_filter.might_hold(key_group, state_id, ukey))):
+                    wanted.append((state_id, key_group, ukey))
+                    if len(wanted) >= room:
+                        break
+            if len(wanted) >= room:
+                break
+        if not wanted:
+            return 0
+        started = time.perf_counter()
+        found = self.store.read_latest_batch(wanted, self.visibility)
+        self.store_read_seconds += time.perf_counter() - started
+        step = self.store.max_or_terms
+        self.read_ahead_queries += (len(wanted) + step - 1) // step
+        self.read_ahead_entries += len(wanted)
+        absent = 0
+        for state_id, key_group, ukey in wanted:
+            entry = self._stored_entry(found.get((state_id, ukey)), key_group)
+            self._cache_put((state_id, ukey), entry)
+            absent += entry.value is None
+        if absent:
+            self._count_absent(absent)
+        return len(wanted)
 
     def put(self, state_id: int, ukey: bytes, key_group: int, value: bytes | None,
             expires_at_ms: int | None = None) -> None:

@@ -10,10 +10,28 @@ import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionI
 import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.python.embedded.AbstractEmbeddedDataStreamPythonFunctionOperator;
 import org.apache.flink.streaming.api.operators.python.embedded.EmbeddedPythonKeyedProcessOperator;
+import org.apache.flink.api.common.typeutils.TypeSerializer;
+import org.apache.flink.api.java.functions.KeySelector;
+import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
+import org.apache.flink.runtime.state.VoidNamespace;
+import org.apache.flink.streaming.api.operators.InternalTimer;
+import org.apache.flink.streaming.api.utils.PythonTypeUtils;
+import org.apache.flink.streaming.api.watermark.Watermark;
+import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
+
+import java.util.List;
 
 /**
  * PyFlink's thread-mode keyed process operator, with the operator life cycle forwarded to the
  * pyflink-ndb Python state backend (see {@link StateBackendHooks} and java-bridge/README.md).
+ *
+ * <p>While its reads miss (after a restore) it holds records back in bundles ({@link ReadAhead})
+ * and lets Python read their keys' entries in one query before processing them in arrival order.
+ * A bundle is processed before anything that must follow its records: a watermark (and so every
+ * event-time timer), a processing-time timer, a checkpoint barrier ({@link
+ * #prepareSnapshotPreBarrier}, aligned or not), the end of input and {@link #finish()}; else when
+ * it is full or its first record has waited {@code read-ahead.max-wait-ms}. In BATCH execution
+ * mode records are never held back.
  */
 public class NdbKeyedProcessOperator<K, IN, OUT>
         extends EmbeddedPythonKeyedProcessOperator<K, IN, OUT> {
@@ -26,6 +44,14 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
     private final String stateOptionsJson;
 
     private transient StateBackendHooks hooks;
+
+    /** The bundle being collected; null when reading ahead is off. */
+    private transient ReadAhead<IN> readAhead;
+
+    private transient PythonTypeUtils.DataConverter<IN, Object> readAheadConverter;
+
+    /** Copies a held-back value when Flink may reuse the object; null without object reuse. */
+    private transient TypeSerializer<IN> reusedValueCopier;
 
     public NdbKeyedProcessOperator(
             Configuration config,
@@ -60,6 +86,120 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
         hooks().bind(interpreter);
         super.openPythonInterpreter();
         hooks().attachOperation(interpreter);
+    }
+
+    @Override
+    public void open() throws Exception {
+        super.open();
+        readAhead = null;
+        String backendClass = getKeyedStateBackend().getClass().getName();
+        if (!backendClass.contains("BatchExecution")) {
+            readAhead = hooks().readAhead();
+        }
+        if (readAhead != null) {
+            readAheadConverter =
+                    PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo);
+            reusedValueCopier =
+                    getExecutionConfig().isObjectReuseEnabled()
+                            ? ndbInputTypeInfo.createSerializer(
+                                    getExecutionConfig().getSerializerConfig())
+                            : null;
+        }
+    }
+
+    @Override
+    public void processElement(StreamRecord<IN> element) throws Exception {
+        ReadAhead<IN> bundle = readAhead;
+        if (bundle == null || !bundle.admit()) {
+            super.processElement(element);
+            return;
+        }
+        IN value = element.getValue();
+        if (reusedValueCopier != null) {
+            value = reusedValueCopier.copy(value);
+        }
+        boolean first = bundle.add(element.copy(value));
+        if (bundle.isFull()) {
+            processBundle();
+        } else if (first) {
+            long generation = bundle.generation();
+            long now = getProcessingTimeService().getCurrentProcessingTime();
+            getProcessingTimeService()
+                    .registerTimer(
+                            now + bundle.maxWaitMs,
+                            timestamp -> {
+                                if (bundle.generation() == generation) {
+                                    processBundle();
+                                }
+                            });
+        }
+    }
+
+    /** Python reads the bundle's keys ahead, then its records are processed in arrival order. */
+    private void processBundle() throws Exception {
+        ReadAhead<IN> bundle = readAhead;
+        if (bundle == null || bundle.isEmpty()) {
+            return;
+        }
+        List<StreamRecord<IN>> records = bundle.take();
+        @SuppressWarnings("unchecked")
+        KeySelector<IN, ?> keySelector = (KeySelector<IN, ?>) getStateKeySelector1();
+        int maxParallelism = getRuntimeContext().getTaskInfo().getMaxNumberOfParallelSubtasks();
+        Object[] values = new Object[records.size()];
+        int[] keyGroups = new int[records.size()];
+        for (int i = 0; i < values.length; i++) {
+            IN value = records.get(i).getValue();
+            // PyFlink's row and tuple converters return the same arrays for every record.
+            values[i] = ReadAhead.copyArrays(readAheadConverter.toExternal(value));
+            keyGroups[i] =
+                    KeyGroupRangeAssignment.assignToKeyGroup(
+                            keySelector.getKey(value), maxParallelism);
+        }
+        bundle.observe(hooks().readAhead(values, keyGroups));
+        for (StreamRecord<IN> record : records) {
+            setKeyContextElement1(record);
+            super.processElement(record);
+        }
+    }
+
+    @Override
+    public void processWatermark(Watermark mark) throws Exception {
+        processBundle();
+        super.processWatermark(mark);
+    }
+
+    @Override
+    public void onEventTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
+        if (readAhead != null && !readAhead.isEmpty()) {
+            processBundle();
+            setCurrentKey(timer.getKey());
+        }
+        super.onEventTime(timer);
+    }
+
+    @Override
+    public void onProcessingTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
+        if (readAhead != null && !readAhead.isEmpty()) {
+            processBundle();
+            setCurrentKey(timer.getKey());
+        }
+        super.onProcessingTime(timer);
+    }
+
+    @Override
+    public void prepareSnapshotPreBarrier(long checkpointId) throws Exception {
+        processBundle();
+        super.prepareSnapshotPreBarrier(checkpointId);
+    }
+
+    @Override
+    public void endInput() {
+        try {
+            processBundle();
+        } catch (Exception e) {
+            throw new RuntimeException("pyflink-ndb: processing the read-ahead bundle failed", e);
+        }
+        super.endInput();
     }
 
     @Override
@@ -101,6 +241,7 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
 
     @Override
     public void finish() throws Exception {
+        processBundle();
         super.finish();
         hooks().finish();
     }

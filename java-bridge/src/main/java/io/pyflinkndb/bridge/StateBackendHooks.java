@@ -278,6 +278,42 @@ final class StateBackendHooks {
         }
     }
 
+    /**
+     * The read-ahead settings Python resolved ({@code read-ahead.records}, {@code
+     * read-ahead.max-wait-ms}), or null when records are not to be buffered. Call after {@link
+     * #attachOperation}.
+     */
+    <T> ReadAhead<T> readAhead() {
+        if (boundInterpreter == null) {
+            return null;
+        }
+        Object settings = boundInterpreter.invokeMethod(PY_BACKEND, "read_ahead_settings");
+        long records = element(settings, 0);
+        long waitMs = element(settings, 1);
+        return records > 0 ? new ReadAhead<>((int) records, Math.max(1, waitMs)) : null;
+    }
+
+    private static long element(Object list, int index) {
+        Object item =
+                list instanceof List
+                        ? ((List<?>) list).get(index)
+                        : ((Object[]) list)[index];
+        return ((Number) item).longValue();
+    }
+
+    /**
+     * Hands a bundle to Python before its records are processed: {@code values} as the operation
+     * receives them, {@code keyGroups} their key groups. Returns the store reads the bundle saved
+     * or needed (0: nothing to gain).
+     */
+    long readAhead(Object[] values, int[] keyGroups) {
+        if (boundInterpreter == null) {
+            return 0;
+        }
+        Object gain = boundInterpreter.invokeMethod(PY_BACKEND, "read_ahead", values, keyGroups);
+        return gain instanceof Number ? ((Number) gain).longValue() : 0;
+    }
+
     /** Call after {@code super.finish()}. */
     void finish() {
         if (boundInterpreter != null) {

@@ -1,0 +1,104 @@
+package io.pyflinkndb.bridge;
+
+import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
+
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * The bundle of records a keyed process operator holds back so that Python can read their keys'
+ * entries from the database in one query before they are processed ({@code
+ * state.backend.ndb.read-ahead.records}, {@code read-ahead.max-wait-ms}).
+ *
+ * <p>Reading ahead pays only while reads miss tiers 1-2 (after a restore, or for keys not seen for
+ * long). When Python reports that a bundle saved nothing ({@link #observe} with 0), the next
+ * {@link #FIRST_PASS_THROUGH} records pass straight through, then twice as many after each further
+ * bundle that saved nothing, up to {@link #MAX_PASS_THROUGH}; a bundle that saved reads resets it.
+ * Not thread-safe: used only from the task (mailbox) thread.
+ */
+final class ReadAhead<T> {
+
+    static final int FIRST_PASS_THROUGH = 1_000;
+    static final int MAX_PASS_THROUGH = 65_536;
+
+    final int capacity;
+    final long maxWaitMs;
+
+    private List<StreamRecord<T>> buffered;
+
+    /** Changes with each {@link #take}: a wait timer of an earlier bundle finds it changed. */
+    private long generation;
+
+    private int passThroughLeft;
+    private int nextPassThrough = FIRST_PASS_THROUGH;
+
+    ReadAhead(int capacity, long maxWaitMs) {
+        if (capacity < 1 || maxWaitMs < 1) {
+            throw new IllegalArgumentException("read-ahead: capacity and wait must be >= 1");
+        }
+        this.capacity = capacity;
+        this.maxWaitMs = maxWaitMs;
+        this.buffered = new ArrayList<>(capacity);
+    }
+
+    /** False while records pass straight through (counts the record). */
+    boolean admit() {
+        if (passThroughLeft > 0) {
+            passThroughLeft--;
+            return false;
+        }
+        return true;
+    }
+
+    /** Adds a record (a copy the caller owns); true when it is the first of a new bundle. */
+    boolean add(StreamRecord<T> record) {
+        buffered.add(record);
+        return buffered.size() == 1;
+    }
+
+    boolean isFull() {
+        return buffered.size() >= capacity;
+    }
+
+    boolean isEmpty() {
+        return buffered.isEmpty();
+    }
+
+    long generation() {
+        return generation;
+    }
+
+    /** The bundle, in arrival order; the buffer starts a new one. */
+    List<StreamRecord<T>> take() {
+        generation++;
+        List<StreamRecord<T>> out = buffered;
+        buffered = new ArrayList<>(capacity);
+        return out;
+    }
+
+    /**
+     * A copy of {@code external} whose {@code Object[]} arrays (at any depth) are new: PyFlink's
+     * {@code RowDataConverter} and {@code TupleDataConverter} reuse their output arrays from one
+     * record to the next, and a bundle hands all its records to Python at once.
+     */
+    static Object copyArrays(Object external) {
+        if (!(external instanceof Object[])) {
+            return external;
+        }
+        Object[] array = ((Object[]) external).clone();
+        for (int i = 0; i < array.length; i++) {
+            array[i] = copyArrays(array[i]);
+        }
+        return array;
+    }
+
+    /** Python's answer for a bundle: the store reads it saved or needed (0: nothing to gain). */
+    void observe(long gain) {
+        if (gain > 0) {
+            nextPassThrough = FIRST_PASS_THROUGH;
+        } else {
+            passThroughLeft = nextPassThrough;
+            nextPassThrough = Math.min(2 * nextPassThrough, MAX_PASS_THROUGH);
+        }
+    }
+}
