@@ -76,8 +76,10 @@ class Counting(KeyedProcessFunction):
             out.write(f"{table.read_ahead_queries} {table.read_ahead_entries}\n")
 
 
-def run(options: dict[str, str], first_ts: int, report: Path) -> list[tuple[Any, ...]]:
+def run(options: dict[str, str], first_ts: int, report: Path,
+        object_reuse: bool = False) -> list[tuple[Any, ...]]:
     config = Configuration()
+    config.set_string("pipeline.object-reuse", str(object_reuse).lower())
     config.set_string("python.execution-mode", "thread")
     config.set_string("python.executable", sys.executable)
     config.set_string("restart-strategy.type", "none")  # a failure fails the test
@@ -94,18 +96,21 @@ def run(options: dict[str, str], first_ts: int, report: Path) -> list[tuple[Any,
         return [ast.literal_eval(line) for line in results]
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "mysql"])
+@pytest.mark.parametrize("kind", ["sqlite", "mysql", "sqlite-object-reuse"])
 def test_resumed_job_reads_ahead_and_keeps_record_and_timer_order(kind, tmp_path, mysql_url):
+    """`sqlite-object-reuse`: with `pipeline.object-reuse` the bridge copies each value it
+    holds back."""
     namespace = unique_namespace("ra")
-    url = f"sqlite:///{tmp_path / 'state.sqlite'}" if kind == "sqlite" else mysql_url
+    url = mysql_url if kind == "mysql" else f"sqlite:///{tmp_path / 'state.sqlite'}"
+    reuse = kind.endswith("object-reuse")
     options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
                "state.backend.ndb.on-fresh-start": "truncate",
                "state.backend.ndb.read-ahead.records": "50"}
     try:
-        run(options, 0, tmp_path / "first.txt")
+        run(options, 0, tmp_path / "first.txt", reuse)
         options["state.backend.ndb.on-fresh-start"] = "resume"
         first_ts = 1_000_000
-        output = run(options, first_ts, tmp_path / "second.txt")
+        output = run(options, first_ts, tmp_path / "second.txt", reuse)
     finally:
         if kind == "mysql":
             drop_namespace(mysql_url, namespace)

@@ -14,6 +14,8 @@ task thread may call into the operator's interpreter (java-bridge/README.md).
 |  |  | in flight) |
 | `storeReads`, `storeReadsSaved` | counter | point reads sent to the store / answered |
 |  |  | without it (nothing stored there) |
+| `readAheadEntries`, `readAheadQueries` | counter | entries read ahead for bundles of |
+|  |  | records, and the multi-row queries that read them |
 | `storeReadMicros` | distribution | mean point-read latency (µs) since the previous push |
 | `dirtyEntries` | distribution | entries frozen by each checkpoint |
 | `syncPauseMicros` | distribution | the synchronous phase of the last checkpoint (µs) |
@@ -34,7 +36,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 GROUP = "pyflink_ndb"
-COUNTERS = ("tier1Hits", "tier2Hits", "storeReads", "storeReadsSaved", "entriesWritten",
+COUNTERS = ("tier1Hits", "tier2Hits", "storeReads", "storeReadsSaved", "readAheadEntries",
+            "readAheadQueries", "entriesWritten",
             "rowsWritten", "bytesWritten", "checkpointsWritten", "checkpointsFailed",
             "entriesTakenBack", "rowsCleanedUp", "retries")
 DISTRIBUTIONS = ("storeReadMicros", "dirtyEntries", "syncPauseMicros", "flushMillis",
@@ -49,6 +52,8 @@ def totals(backend: Any) -> dict[str, int]:
     return {
         "tier1Hits": table.tier1_hits, "tier2Hits": table.tier2_hits,
         "storeReads": table.store_reads, "storeReadsSaved": table.store_reads_saved,
+        "readAheadEntries": table.read_ahead_entries,
+        "readAheadQueries": table.read_ahead_queries,
         "entriesWritten": protocol.entries_written, "rowsWritten": protocol.rows_written,
         "bytesWritten": protocol.bytes_written, "checkpointsWritten": protocol.epochs_written,
         "checkpointsFailed": protocol.epochs_failed,
