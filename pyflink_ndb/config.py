@@ -96,8 +96,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("read-ahead.records", "read_ahead_records", 100,
                "Records a keyed process function's bridge buffers while its reads miss "
                "(after a restore): before processing them it reads their keys' entries "
-               "of the value, reducing and aggregating states that missed, in one "
-               "database query per 100 entries instead of a round trip per key. When a "
+               "of the value, reducing and aggregating states (once a read has missed: "
+               "of the states that missed) in one database query per 100 entries "
+               "instead of a round trip per key. When a "
                "bundle would save nothing (every key cached), records pass straight "
                "through for a while (1,000 records, doubling up to 65,536). 0: off."),
     OptionSpec("read-ahead.max-wait-ms", "read_ahead_max_wait_ms", 5,

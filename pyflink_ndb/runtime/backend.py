@@ -282,10 +282,10 @@ class SubtaskStateBackend:
             keys.append((key_bytes, int(key_group)))
         table = self.table
         before = self._store_reads_at_read_ahead
-        # The first bundle cannot know yet which states its records read: it reports 1
-        # (keep reading ahead), so its own misses teach the next one.
+        # The first bundle cannot know yet whether its records miss: it reports at least
+        # 1 (keep reading ahead), so its own misses teach the next one.
         missed = 1 if before is None else table.store_reads - before
-        read = table.read_ahead(keys) if table.point_read_states else 0
+        read = table.read_ahead(keys)
         self._store_reads_at_read_ahead = table.store_reads
         return read + missed
 

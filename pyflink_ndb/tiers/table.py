@@ -301,7 +301,9 @@ class TieredTable:
 
     def read_ahead(self, keys: list[tuple[bytes, int]]) -> int:
         """Read ahead the point entries of a bundle of records about to be processed: for
-        each state of :attr:`point_read_states` and each (ukey, key group) of `keys`, the
+        each state of :attr:`point_read_states` (until a point read has missed: every
+        registered state but map and list states, a guess that costs at most one
+        query's worth of entries nobody reads) and each (ukey, key group) of `keys`, the
         entries no tier knows and the key filter does not rule out go to the store
         together (:meth:`StateStore.read_latest_batch
         <pyflink_ndb.stores.base.StateStore.read_latest_batch>`, one query per
@@ -317,7 +319,8 @@ class TieredTable:
         wanted: list[tuple[int, int, bytes]] = []
         room = max(1, self._cache.maxsize // 2)
         seen: set[EntryId] = set()
-        for state_id in self.point_read_states:
+        states = self.point_read_states or set(self.state_names) - self.prefix_states
+        for state_id in states:
             for ukey, key_group in keys:
                 eid = (state_id, ukey)
                 if eid in seen or eid in self._cache:

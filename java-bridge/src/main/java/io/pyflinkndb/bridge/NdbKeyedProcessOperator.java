@@ -129,9 +129,27 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
                             now + bundle.maxWaitMs,
                             timestamp -> {
                                 if (bundle.generation() == generation) {
-                                    processBundle();
+                                    processBundleAfterWait();
                                 }
                             });
+        }
+    }
+
+    /**
+     * The bundle whose first record waited {@code read-ahead.max-wait-ms}: Flink reports an error
+     * of this callback as a timer's ("Caught exception while processing timer"), so the message
+     * says that it came from records.
+     */
+    private void processBundleAfterWait() throws Exception {
+        try {
+            processBundle();
+        } catch (Exception e) {
+            throw new Exception(
+                    "pyflink-ndb: processing a bundle of records held back for read-ahead "
+                            + "failed (the bundle ran when its first record had waited "
+                            + "state.backend.ndb.read-ahead.max-wait-ms): "
+                            + e.getMessage(),
+                    e);
         }
     }
 
