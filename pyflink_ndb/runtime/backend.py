@@ -239,10 +239,13 @@ class SubtaskStateBackend:
         key_group = self._kg_memo.get(key_bytes)
         if key_group is None:
             key_group = int(self._key_groups.currentKeyGroup())
-            if len(self._kg_memo) >= self._kg_memo_max:
-                self._kg_memo.clear()
-            self._kg_memo[key_bytes] = key_group
+            self._remember_key_group(key_bytes, key_group)
         self.current_key_group = key_group
+
+    def _remember_key_group(self, key_bytes: bytes, key_group: int) -> None:
+        if len(self._kg_memo) >= self._kg_memo_max:
+            self._kg_memo.clear()
+        self._kg_memo[key_bytes] = key_group
 
     def read_ahead_settings(self) -> list[int]:
         """`[records per bundle, longest wait in ms]` for the Java bridge
@@ -268,17 +271,14 @@ class SubtaskStateBackend:
             bundle, which cannot know). 0 tells the bridge that reading ahead gains
             nothing now (it then passes records straight through for a while).
         """
-        keys: list[tuple[bytes, int]] = []
-        memo = self._kg_memo
         record_key = self._record_key
         if record_key is None:
             return 0
+        keys: list[tuple[bytes, int]] = []
         for record, key_group in zip(records, key_groups, strict=True):
             key_bytes = encode_key(record_key(record))
-            if key_bytes not in memo:
-                if len(memo) >= self._kg_memo_max:
-                    memo.clear()
-                memo[key_bytes] = int(key_group)
+            if key_bytes not in self._kg_memo:
+                self._remember_key_group(key_bytes, int(key_group))
             keys.append((key_bytes, int(key_group)))
         table = self.table
         before = self._store_reads_at_read_ahead

@@ -578,6 +578,15 @@ class StateStore(ABC):
                 f"Stored value of version {version} has {len(parts)} of {chunks} chunks.")
         return b"".join(parts)
 
+    def _stored_version(self, key_group: int, state_id: int, ukey: bytes, version: Any,
+                        tomb: Any, chunks: Any, expires: Any, first: Any) -> StoredVersion:
+        """The :class:`StoredVersion` of a row read at chunk 0 (its value joined from
+        every chunk; none for a tombstone)."""
+        value = None if tomb else self._join_chunks(key_group, state_id, ukey, version,
+                                                     first, chunks)
+        return StoredVersion(int(version), bool(tomb), value,
+                             None if expires is None else int(expires))
+
     def read_latest(self, state_id: int, key_group: int, ukey: bytes,
                     ranges: Ranges) -> StoredVersion | None:
         """The newest version of an entry inside `ranges` (what one branch or snapshot
@@ -591,11 +600,7 @@ class StateStore(ABC):
             rows = self._query(sql, [key_group, state_id, ukey, *vparams])
             if not rows:
                 return None
-            version, tomb, chunks, expires, vbytes = rows[0]
-            value = None if tomb else self._join_chunks(key_group, state_id, ukey, version,
-                                                         vbytes, chunks)
-            return StoredVersion(int(version), bool(tomb), value,
-                                 None if expires is None else int(expires))
+            return self._stored_version(key_group, state_id, ukey, *rows[0])
         return self._retry("read", unit)
 
     def read_latest_many(self, state_id: int, key_group: int, ukeys: Sequence[bytes],
@@ -619,23 +624,26 @@ class StateStore(ABC):
                     ukey = bytes(ukey)
                     if ukey in found:
                         continue  # an older version of an entry already read
-                    value = None if tomb else self._join_chunks(key_group, state_id, ukey,
-                                                                 version, vbytes, chunks)
-                    found[ukey] = StoredVersion(int(version), bool(tomb), value,
-                                                None if expires is None else int(expires))
+                    found[ukey] = self._stored_version(key_group, state_id, ukey, version,
+                                                       tomb, chunks, expires, vbytes)
                 return found
             out.update(self._retry("read", unit))
         return out
 
+    def _latest_select(self, where: str) -> str:
+        """The newest visible version of one entry (key group, state id, ukey are the
+        parameters), with its state id and ukey: one member of :meth:`read_latest_batch`'s
+        UNION ALL."""
+        return (f"SELECT state_id, ukey, version, tombstone, chunks, expires_at_ms, vbytes "
+                f"FROM {self.t_state} WHERE key_group = ? AND state_id = ? AND ukey = ? "
+                f"AND chunk = 0 AND {where} ORDER BY version DESC LIMIT 1")
+
     def _latest_arm(self, where: str) -> str:
-        """One member of :meth:`read_latest_batch`'s UNION ALL: the newest visible version
-        of one entry. A derived table, because SQLite accepts ORDER BY and LIMIT in a
-        compound member only there (MySQL and NDB accept it too; the MySQL store
-        uses the parenthesised form, which MariaDB plans without a temporary table)."""
-        return (f"SELECT * FROM (SELECT state_id, ukey, version, tombstone, chunks, "
-                f"expires_at_ms, vbytes FROM {self.t_state} WHERE key_group = ? AND "
-                f"state_id = ? AND ukey = ? AND chunk = 0 AND {where} "
-                "ORDER BY version DESC LIMIT 1) r")
+        """:meth:`_latest_select` as a UNION member: a derived table, because SQLite
+        accepts ORDER BY and LIMIT in a compound member only there (MySQL and NDB accept it
+        too; the MySQL store uses the parenthesised form, which MariaDB plans without a
+        temporary table)."""
+        return f"SELECT * FROM ({self._latest_select(where)}) r"
 
     def read_latest_batch(self, entries: Sequence[tuple[int, int, bytes]],
                           ranges_of: Callable[[int], Ranges]
@@ -665,13 +673,9 @@ class StateStore(ABC):
                      groups: dict[tuple[int, bytes], int] = groups
                      ) -> dict[tuple[int, bytes], StoredVersion]:
                 found: dict[tuple[int, bytes], StoredVersion] = {}
-                for state_id, ukey, version, tomb, chunks, expires, vbytes in self._query(
-                        sql, params):
+                for state_id, ukey, *row in self._query(sql, params):
                     eid = (int(state_id), bytes(ukey))
-                    value = None if tomb else self._join_chunks(
-                        groups[eid], eid[0], eid[1], version, vbytes, chunks)
-                    found[eid] = StoredVersion(int(version), bool(tomb), value,
-                                               None if expires is None else int(expires))
+                    found[eid] = self._stored_version(groups[eid], *eid, *row)
                 return found
             out.update(self._retry("read", unit))
         return out
@@ -708,12 +712,9 @@ class StateStore(ABC):
 
         def unit() -> list[tuple[bytes, StoredVersion]]:
             out = []
-            for ukey, version, tomb, chunks, expires, vbytes in self._query(sql, params):
+            for ukey, *row in self._query(sql, params):
                 ukey = bytes(ukey)
-                value = None if tomb else self._join_chunks(key_group, state_id, ukey,
-                                                             version, vbytes, chunks)
-                out.append((ukey, StoredVersion(int(version), bool(tomb), value,
-                                                None if expires is None else int(expires))))
+                out.append((ukey, self._stored_version(key_group, state_id, ukey, *row)))
             return out
         return self._retry("scan", unit)
 

@@ -412,9 +412,7 @@ class MysqlStateStore(StateStore):
     def _latest_arm(self, where: str) -> str:
         """A parenthesised UNION member (MySQL, MariaDB and NDB accept ORDER BY and LIMIT
         there), planned as one primary-key lookup without a temporary table."""
-        return (f"(SELECT state_id, ukey, version, tombstone, chunks, expires_at_ms, vbytes "
-                f"FROM {self.t_state} WHERE key_group = ? AND state_id = ? AND ukey = ? "
-                f"AND chunk = 0 AND {where} ORDER BY version DESC LIMIT 1)")
+        return f"({self._latest_select(where)})"
 
     @property
     def address(self) -> str:

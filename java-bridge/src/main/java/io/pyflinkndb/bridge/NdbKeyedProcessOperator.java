@@ -188,20 +188,22 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
 
     @Override
     public void onEventTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
-        if (readAhead != null && !readAhead.isEmpty()) {
-            processBundle();
-            setCurrentKey(timer.getKey());
-        }
+        processBundleBefore(timer);
         super.onEventTime(timer);
     }
 
     @Override
     public void onProcessingTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
+        processBundleBefore(timer);
+        super.onProcessingTime(timer);
+    }
+
+    /** Runs a held-back bundle before {@code timer}, then makes the timer's key current again. */
+    private void processBundleBefore(InternalTimer<K, VoidNamespace> timer) throws Exception {
         if (readAhead != null && !readAhead.isEmpty()) {
             processBundle();
             setCurrentKey(timer.getKey());
         }
-        super.onProcessingTime(timer);
     }
 
     @Override
