@@ -532,3 +532,61 @@ def test_garbage_collection_in_chunks_ends_each_pass(store_factory, local_dir, m
     # Retained: checkpoints 4 and 5 (+1 for readers): at most 3 versions per entry.
     assert store.count_rows() <= 50 * 3
     t.close()
+
+
+def test_a_drained_close_leaves_garbage_collection_to_the_restoring_attempt(
+        store: StateStore, local_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stop-with-savepoint: the subtask's close waits for the savepoint's completion, not
+    for garbage collection (it stops at its next yield); the attempt that restores the
+    savepoint adopts the entries the stopped one wrote and collects their superseded
+    versions, so nothing is left behind (docs/protocol.md, "Garbage collection")."""
+    import time
+
+    from pyflink_ndb.checkpoint.protocol import CheckpointProtocol
+
+    collect = CheckpointProtocol.collect_garbage
+    mode = {"gc": "skip"}
+
+    def slow_collect(self: CheckpointProtocol, refs: Any = None, between: Any = None) -> int:
+        if mode["gc"] == "skip":
+            return 0  # the stopped attempt leaves every superseded version behind
+        if mode["gc"] == "block":  # a long collection that yields, as the real one does
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if between is not None:
+                    between()
+                time.sleep(0.01)
+        return collect(self, refs, between)
+    monkeypatch.setattr(CheckpointProtocol, "collect_garbage", slow_collect)
+    options = NdbStateOptions(cache_max_entries=10, checkpoints_retained=1)
+    t = LocalSubtask(store, options, local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    for cp in range(1, 5):
+        for key in range(40):
+            t.key(key)
+            value.update(cp * 100 + key)
+        t.checkpoint(cp)
+    assert store.count_rows() == 4 * 40
+    t.snapshot(5, is_savepoint=True)
+    mode["gc"] = "block"
+    t.complete(5, wait=False)
+    started = time.monotonic()
+    t.close()  # drained, as at the end of stop-with-savepoint
+    assert time.monotonic() - started < 10  # not the 60 s of the blocked collection
+    assert store.count_rows() == 4 * 40  # nothing collected yet
+    mode["gc"] = "real"
+    child = LocalSubtask(store, options, restored_checkpoint_id=5, local_dir=local_dir)
+    value = child.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    for cp in range(6, 8):
+        child.key(1000)  # no entry of the savepoint is written again
+        value.update(cp)
+        child.checkpoint(cp)
+    # The savepoint, the child's retained checkpoints and its head all see checkpoint 4's
+    # versions of the 40 keys: the 3 older versions of each are gone.
+    found = versions_by_entry(store)
+    assert sorted(len(v) for ref, v in found.items() if ref[2] != encode_key(1000)) \
+        == [1] * 40
+    for key in range(40):
+        child.key(key)
+        assert value.value() == 400 + key
+    child.close()

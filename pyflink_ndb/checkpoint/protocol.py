@@ -566,8 +566,11 @@ class CheckpointProtocol:
         if self._gc_queued:
             return
         self._gc_queued = True
+        # skip_at_drain: a subtask that ends normally (stop-with-savepoint, end of input)
+        # leaves the rest of the pass to the attempt that restores its snapshot, which
+        # adopts every entry this attempt wrote (docs/protocol.md, "Garbage collection").
         self.writer.submit(Job(lambda: self._gc_job(fence), name="garbage collection",
-                               background=True))
+                               background=True, skip_at_drain=True))
 
     def _gc_job(self, fence: Fence) -> None:
         """One run: the next chunk of this pass over the entries pending at its start (a
@@ -621,10 +624,13 @@ class CheckpointProtocol:
         return self.rows_written - before
 
     def close(self, drain: bool = False) -> None:
-        """Stop the writer: with `drain`, after it finished its checkpoint writes,
-        completions and garbage collection (at most the retry deadline plus 10 s); the
-        pages of a background prefetch are dropped even then (a stop-with-savepoint need
-        not wait for a prefetch of the whole state). Without `drain` queued jobs are
+        """Stop the writer: with `drain`, after it finished its checkpoint writes and
+        completions (at most the retry deadline plus 10 s). Background work is dropped
+        even then: the pages of a prefetch (a stop-with-savepoint need not wait for a
+        prefetch of the whole state) and garbage collection, which stops at its next
+        yield (the attempt that restores this one's snapshot adopts the entries it wrote
+        and collects their superseded versions; if none ever does, `pyflink-ndb gc`
+        does: docs/protocol.md, "Garbage collection"). Without `drain` queued jobs are
         dropped (their checkpoints fail) and a running one stops at its next yield.
         Nothing partial becomes visible (the snapshot row of an epoch is written after all
         its rows)."""

@@ -75,7 +75,8 @@ class Job:
         prefetch pages): checkpoint writes and completions go first.
     :param skip_at_drain: a drained close (:meth:`BackgroundWriter.wait_idle` with
         `foreground_only`) does not wait for it (prefetch pages: each queues the next, and
-        a subtask that ends needs none of them).
+        a subtask that ends needs none of them; garbage collection: the attempt that
+        restores adopts what is left).
     """
 
     run: Callable[[], object]
