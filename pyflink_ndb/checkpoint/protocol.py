@@ -706,14 +706,16 @@ class CheckpointProtocol:
         keep_above = version_of(self.branch, self.latest_completed)
         removed = 0
         state_ids = self.wstore.state_ids(self.scope.operator)
-        self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT)
+        self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT, pause)
         pending = sorted(self.ledger.pending) if refs is None else [
             r for r in refs if r in self.ledger.pending]
         unknown = [ref for ref in pending
                    if (e := self.ledger.get(ref)) is None or not e.complete]
-        for start in range(0, len(unknown), GC_ENTRIES_PER_YIELD):
+        # One statement per yield: a closing subtask waits for at most one read.
+        step = min(GC_ENTRIES_PER_YIELD, self.wstore.max_or_terms)
+        for start in range(0, len(unknown), step):
             pause()
-            part = unknown[start:start + GC_ENTRIES_PER_YIELD]
+            part = unknown[start:start + step]
             for ref, stored in self.wstore.read_versions(part).items():
                 self.ledger.learn(ref, stored)
         views_by_kg: dict[int, list[Ranges]] = {}
@@ -754,13 +756,15 @@ class CheckpointProtocol:
                 removed += self.wstore.delete_expired(
                     fence, sorted(self._ttl_states), seg.kg_start, seg.kg_end,
                     self.lineage.head(seg.kg_start), self.clock_ms())
-        removed += self.clean_up(protected, state_ids)
+        removed += self.clean_up(protected, state_ids, pause=pause)
         return removed
 
-    def _adopt_some(self, state_ids: Sequence[int], budget: int) -> int:
+    def _adopt_some(self, state_ids: Sequence[int], budget: int,
+                    pause: Callable[[], None] = _no_pause) -> int:
         """Put up to `budget` entries that the parent attempt wrote into the ledger's
         pending set (unknown versions: collect_garbage reads them), so that versions it
-        left behind are collected even when nobody writes those entries again."""
+        left behind are collected even when nobody writes those entries again; `pause`
+        runs before each statement (see :meth:`collect_garbage`)."""
         if not self._adopt:
             return 0
         adopted = 0
@@ -771,6 +775,7 @@ class CheckpointProtocol:
                 if (a, b, lo, hi, sid) in self._adopted_done:
                     continue
                 while adopted < budget and time.monotonic() < deadline:
+                    pause()
                     rows = self.wstore.scan_entries(sid, a, b, lo, hi, cursors.get(sid), limit)
                     for _, kg, ukey in rows:
                         self.ledger.pending.add((kg, sid, ukey))
@@ -809,13 +814,15 @@ class CheckpointProtocol:
                 for a, b in zip(edges, edges[1:], strict=False)]
 
     def clean_up(self, protected: Sequence[SnapshotRow], state_ids: Sequence[int],
-                 budget: int = CLEANUP_STATEMENTS_PER_CHECKPOINT) -> int:
+                 budget: int = CLEANUP_STATEMENTS_PER_CHECKPOINT,
+                 pause: Callable[[], None] = _no_pause) -> int:
         """Delete, in at most `budget` bounded statements, rows of this operator's states
         in this subtask's key groups that neither this branch nor any protected snapshot
         sees (abandoned branches, epochs after a restore point, zombies' writes). One
         statement covers one version gap of one state over key groups that share their
         views; a gap is remembered as clean once a statement deletes less than its limit
-        (fencing keeps new rows out of it)."""
+        (fencing keeps new rows out of it). `pause` runs before each statement (see
+        :meth:`collect_garbage`)."""
         fence = self._require_open()
         limit = self.wstore.delete_limit_rows
         upper = own_range(self.branch)[1]
@@ -831,6 +838,7 @@ class CheckpointProtocol:
                             self.cleanup_rows += removed
                             return removed
                         budget -= 1
+                        pause()
                         n = self.wstore.delete_range(fence, sid, kg_start, kg_end, lo, hi,
                                                     limit)
                         removed += n

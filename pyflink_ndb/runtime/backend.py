@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -360,8 +361,11 @@ class SubtaskStateBackend:
         if self._closed:
             return
         self._closed = True
+        started = time.perf_counter()
+        writer_ms = tiers_ms = 0.0
         try:
             self.protocol.close(drain)
+            writer_ms = (time.perf_counter() - started) * 1000
             if self.protocol.writer.alive:
                 # A statement outlived the wait: the writer may still read a RocksDB
                 # snapshot of tier 2, so tier 2 stays (its folder is left behind).
@@ -369,10 +373,15 @@ class SubtaskStateBackend:
                             self.info.operator, self.info.subtask_index)
             else:
                 self.table.close()
+                tiers_ms = (time.perf_counter() - started) * 1000 - writer_ms
         finally:
             self.store.close()
             if self.write_store is not None:
                 self.write_store.close()
+            log.info("pyflink-ndb %s/%d: closed (%s) in %.0f ms: background writer %.0f ms, "
+                     "tiers %.0f ms", self.info.operator, self.info.subtask_index,
+                     "drained" if drain else "not drained",
+                     (time.perf_counter() - started) * 1000, writer_ms, tiers_ms)
 
 
 def restored_tokens(store: StateStore, info: BindInfo) -> list[Token] | None:
