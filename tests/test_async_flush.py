@@ -1029,3 +1029,98 @@ def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
         r.key(i)
         assert v.value() == -i
     r.close()
+
+
+def test_a_checkpoint_job_preempts_a_preemptible_background_job_at_its_next_yield():
+    """A preemptible background job (garbage collection) gives way at its next yield when
+    a checkpoint's write or completion is queued; a background job that is not
+    preemptible (a prefetch page) runs to its end first."""
+    from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job, Preempted
+
+    writer = BackgroundWriter("preempt", 1 << 20)
+    events: list[str] = []
+    started = threading.Event()
+
+    def long_run(name: str) -> None:  # 5 s of work in steps of 10 ms, yielding between
+        started.set()
+        try:
+            for _ in range(500):
+                writer.check_cancelled()
+                time.sleep(0.01)
+        except Preempted:
+            events.append(f"{name} preempted")
+            raise
+        events.append(f"{name} done")
+
+    writer.submit(Job(lambda: long_run("gc"), name="gc", background=True, preemptible=True))
+    assert started.wait(5)
+    t0 = time.monotonic()
+    writer.submit(Job(lambda: events.append("write"), checkpoint_id=3, name="write"))
+    assert writer.wait_for(lambda: "write" in events, 10)
+    assert time.monotonic() - t0 < 1, "the write waited for the whole run"
+    assert events == ["gc preempted", "write"]
+    assert writer.wait_idle(10)
+    assert not [o for o in writer.take_outcomes() if o.error is not None]
+
+    events.clear()
+    started.clear()
+    writer.submit(Job(lambda: long_run("page"), name="page", background=True))
+    assert started.wait(5)
+    writer.submit(Job(lambda: events.append("write"), checkpoint_id=4, name="write"))
+    assert writer.wait_idle(20)
+    assert events == ["page done", "write"]
+    writer.close()
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_checkpoint_write_does_not_wait_for_a_garbage_collection_run(
+        store_factory, local_dir, kind):
+    """A garbage-collection run that must read the versions of 20,000 entries (30 ms per
+    100: a slow database, 6 s in all) gives way to the next checkpoint's write, then goes
+    on: the write is durable within a few reads, and the collection still ends with one
+    version per entry once retention allows."""
+    store = store_factory(kind)
+    t = LocalSubtask(store, NdbStateOptions(cache_max_entries=10_000, checkpoints_retained=1),
+                     local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    protocol = t.backend.protocol
+    protocol.ledger.forgot = True  # no entry is known complete: GC reads versions
+    for i in range(20_000):
+        t.key(i)
+        v.update(i)
+    t.snapshot(1)  # not completed: no collection yet
+    reading = threading.Event()
+    real = protocol.wstore.read_versions
+
+    def slow_read(refs):
+        reading.set()
+        time.sleep(0.03 * len(refs) / 100)
+        return real(refs)
+
+    protocol.wstore.read_versions = slow_read
+    for i in range(20_000):
+        t.key(i)
+        v.update(-i)
+    t.snapshot(2)
+    t.complete(2, wait=False)  # garbage collection starts
+    assert reading.wait(30), "garbage collection started"
+    t.key(0)
+    v.update(7)
+    started = time.monotonic()
+    t.snapshot(3)  # waits until durable
+    assert time.monotonic() - started < 2, "the write waited for the collection run"
+    protocol.wstore.read_versions = real
+    t.complete(3)  # waits for the writer, the collection included
+    for cid in (4, 5):
+        t.key(1)
+        v.update(cid)
+        t.checkpoint(cid)
+    # Retained: checkpoints 4 and 5 (+1 for readers: 3). Keys 2..19,999 have one version.
+    rows = store.count_rows()
+    assert rows <= 20_000 + 6, rows
+    r_values = {}
+    for i in (0, 1, 2, 19_999):
+        t.key(i)
+        r_values[i] = v.value()
+    assert r_values == {0: 7, 1: 5, 2: -2, 19_999: -19_999}
+    t.close()

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pyflink_ndb.checkpoint.gc import Deletion, VersionLedger, versions_to_keep
-from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job, Outcome, WriteCancelled
+from pyflink_ndb.checkpoint.gc import Deletion, EntryRef, VersionLedger, versions_to_keep
+from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job, Outcome, Preempted, WriteCancelled
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import (
     CheckpointError,
@@ -570,7 +570,7 @@ class CheckpointProtocol:
         # leaves the rest of the pass to the attempt that restores its snapshot, which
         # adopts every entry this attempt wrote (docs/protocol.md, "Garbage collection").
         self.writer.submit(Job(lambda: self._gc_job(fence), name="garbage collection",
-                               background=True, skip_at_drain=True))
+                               background=True, preemptible=True, skip_at_drain=True))
 
     def _gc_job(self, fence: Fence) -> None:
         """One run: the next chunk of this pass over the entries pending at its start (a
@@ -583,7 +583,15 @@ class CheckpointProtocol:
             self._gc_todo = list(self.ledger.pending)
         chunk = sorted(self._gc_todo[-GC_ENTRIES_PER_RUN:])
         del self._gc_todo[-GC_ENTRIES_PER_RUN:]
-        self.collect_garbage(chunk, None if self.writer.inline else self.writer.check_cancelled)
+        try:
+            self.collect_garbage(chunk,
+                                 None if self.writer.inline else self.writer.check_cancelled)
+        except Preempted:
+            # A checkpoint job waits: it goes first, this chunk comes again after it (its
+            # collected entries are no longer pending and are skipped then).
+            self._gc_todo.extend(chunk)
+            self._queue_gc(fence)
+            raise
         if self._gc_todo and not self.writer.inline:
             self._queue_gc(fence)  # the pass goes on when the writer is idle again
 
@@ -720,6 +728,7 @@ class CheckpointProtocol:
                 self.ledger.learn(ref, stored)
         views_by_kg: dict[int, list[Ranges]] = {}
         deletions: list[Deletion] = []
+        dropped: list[tuple[EntryRef, set[int]]] = []
         done = []
         for n, ref in enumerate(pending):
             if n % GC_ENTRIES_PER_YIELD == GC_ENTRIES_PER_YIELD - 1:
@@ -743,13 +752,17 @@ class CheckpointProtocol:
                 drop = {v for v in entry.versions if v not in keep}
                 for v in sorted(drop):
                     deletions.append(Deletion(kg, ref[1], ref[2], v))
-                self.ledger.forget_versions(ref, drop)
+                dropped.append((ref, drop))
             if len(keep) <= 1 and all(v <= keep_above for v in keep):
                 done.append(ref)  # nothing left that a later retention change could free
         for start in range(0, len(deletions), GC_ENTRIES_PER_YIELD):
             pause()
             removed += self.wstore.delete_exact(
                 fence, deletions[start:start + GC_ENTRIES_PER_YIELD])
+        # Only now: a run stopped before (a preempting checkpoint job, a close) leaves the
+        # ledger as it was, and a later run deletes what this one did not.
+        for ref, drop in dropped:
+            self.ledger.forget_versions(ref, drop)
         self.ledger.pending.difference_update(done)
         if self._ttl_states:
             for seg in self.lineage.segments:

@@ -61,6 +61,12 @@ class WriteCancelled(Exception):
     """Raised inside a job when the writer is closing: the job stops between statements."""
 
 
+class Preempted(Exception):
+    """Raised inside a `preemptible` job at a yield when a job that is not background work
+    waits (a checkpoint write or completion): the job stops between statements and, if it
+    wants to go on, queues its rest itself (garbage collection does)."""
+
+
 @dataclass
 class Job:
     """One unit of store work.
@@ -73,6 +79,11 @@ class Job:
         without running (each builds on the rows of the ones before it).
     :param background: runs only when no other job is queued (garbage collection,
         prefetch pages): checkpoint writes and completions go first.
+    :param preemptible: a background job that gives way at its next yield
+        (:meth:`BackgroundWriter.check_cancelled` raises :class:`Preempted`) when a job that
+        is not background work is queued: a checkpoint's write or completion, including
+        the completion a stop-with-savepoint's drained close waits for, never waits for a
+        whole run of garbage collection.
     :param skip_at_drain: a drained close (:meth:`BackgroundWriter.wait_idle` with
         `foreground_only`) does not wait for it (prefetch pages: each queues the next, and
         a subtask that ends needs none of them; garbage collection: the attempt that
@@ -85,6 +96,7 @@ class Job:
     fail_fast: bool = False
     name: str = "job"
     background: bool = False
+    preemptible: bool = False
     skip_at_drain: bool = False
 
 
@@ -106,6 +118,8 @@ class _State:
     #: The first write failure not yet handled by the task thread (poisons later writes).
     failure: BaseException | None = None
     closing: bool = False
+    #: Queued jobs that are not background work (read without the lock at a yield).
+    foreground_queued: int = 0
 
 
 class BackgroundWriter:
@@ -159,6 +173,7 @@ class BackgroundWriter:
                     self._cv.wait(1.0)
                 self.waited_s += time.monotonic() - start
             self._s.queue.append(job)
+            self._s.foreground_queued += not job.background
             self._s.pending_bytes += job.pending_bytes
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self.name,
@@ -276,6 +291,7 @@ class BackgroundWriter:
             self._s.closing = True
             dropped = list(self._s.queue)
             self._s.queue.clear()
+            self._s.foreground_queued = 0
             self._cv.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -300,6 +316,9 @@ class BackgroundWriter:
         thread used since its previous yield (at most :data:`MAX_PACE_SLEEP_S`)."""
         if self._s.closing:
             raise WriteCancelled(self.name)
+        running = self._s.running
+        if running is not None and running.preemptible and self._s.foreground_queued:
+            raise Preempted(running.name)
         used = time.thread_time() - self._cpu_mark
         time.sleep(min(used * WRITER_PACE, MAX_PACE_SLEEP_S) if used > 0 else 0)
         self._cpu_mark = time.thread_time()
@@ -325,6 +344,9 @@ class BackgroundWriter:
             else:
                 try:
                     result = job.run()
+                except Preempted:
+                    log.debug("pyflink-ndb: background %s gave way to a checkpoint job",
+                              job.name)
                 except WriteCancelled:
                     with self._cv:
                         self._s.running = None
@@ -358,6 +380,7 @@ class BackgroundWriter:
         for i, job in enumerate(queue):
             if not job.background:
                 del queue[i]
+                self._s.foreground_queued -= 1
                 return job
         return queue.popleft()
 
