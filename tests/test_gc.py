@@ -547,7 +547,8 @@ def test_a_drained_close_leaves_garbage_collection_to_the_restoring_attempt(
     collect = CheckpointProtocol.collect_garbage
     mode = {"gc": "skip"}
 
-    def slow_collect(self: CheckpointProtocol, refs: Any = None, between: Any = None) -> int:
+    def slow_collect(self: CheckpointProtocol, refs: Any = None, between: Any = None,
+                     **kwargs: Any) -> int:
         if mode["gc"] == "skip":
             return 0  # the stopped attempt leaves every superseded version behind
         if mode["gc"] == "block":  # a long collection that yields, as the real one does
@@ -556,7 +557,7 @@ def test_a_drained_close_leaves_garbage_collection_to_the_restoring_attempt(
                 if between is not None:
                     between()
                 time.sleep(0.01)
-        return collect(self, refs, between)
+        return collect(self, refs, between, **kwargs)
     monkeypatch.setattr(CheckpointProtocol, "collect_garbage", slow_collect)
     options = NdbStateOptions(cache_max_entries=10, checkpoints_retained=1)
     t = LocalSubtask(store, options, local_dir=local_dir)

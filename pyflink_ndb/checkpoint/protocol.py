@@ -161,6 +161,12 @@ class CheckpointProtocol:
         self._gc_queued = False
         #: The entries the current garbage-collection pass has yet to look at.
         self._gc_todo: list[tuple[int, int, bytes]] = []
+        #: Adoption and cleanup (with TTL deletes) owed: once per completed checkpoint, in
+        #: the first garbage-collection run after it, not in every run of a pass (a pass
+        #: of many chunks, or a run preempted by a checkpoint job and queued again, would
+        #: otherwise repeat their budgets).
+        self._adopt_due = False
+        self._cleanup_due = False
         #: Totals for metrics and logs (written by the writer thread, read anywhere).
         self.entries_written = 0
         self.bytes_written = 0
@@ -558,6 +564,7 @@ class CheckpointProtocol:
             self.latest_completed = max(self.latest_completed, checkpoint_id)
             self.wstore.advance_committed(fence, checkpoint_id)
         self.completed += 1
+        self._adopt_due = self._cleanup_due = True
         self._queue_gc(fence)
 
     def _queue_gc(self, fence: Fence) -> None:
@@ -585,7 +592,8 @@ class CheckpointProtocol:
         del self._gc_todo[-GC_ENTRIES_PER_RUN:]
         try:
             self.collect_garbage(chunk,
-                                 None if self.writer.inline else self.writer.check_cancelled)
+                                 None if self.writer.inline else self.writer.check_cancelled,
+                                 adopt=self._adopt_due, cleanup=self._cleanup_due)
         except Preempted:
             # A checkpoint job waits: it goes first, this chunk comes again after it (its
             # collected entries are no longer pending and are skipped then).
@@ -699,14 +707,19 @@ class CheckpointProtocol:
         return views
 
     def collect_garbage(self, refs: Sequence[tuple[int, int, bytes]] | None = None,
-                        between: Callable[[], None] | None = None) -> int:
+                        between: Callable[[], None] | None = None, adopt: bool = True,
+                        cleanup: bool = True) -> int:
         """Delete versions no protected snapshot needs, expired rows, and a bounded batch
         of abandoned versions; returns rows removed.
 
         :param refs: the pending entries to look at (default: every pending one).
         :param between: called between statements and every :data:`GC_ENTRIES_PER_YIELD`
             entries (the background writer's :meth:`~BackgroundWriter.check_cancelled`:
-            a closing subtask stops a run there instead of waiting for it)."""
+            a closing subtask stops a run there instead of waiting for it).
+        :param adopt: first adopt a bounded batch of the parent attempt's entries.
+        :param cleanup: delete expired rows (TTL) and a bounded batch of abandoned
+            versions after the collection. The background runs do both once per
+            completed checkpoint."""
         pause = between or _no_pause
         fence = self._require_open()
         assert self.lineage is not None
@@ -714,7 +727,9 @@ class CheckpointProtocol:
         keep_above = version_of(self.branch, self.latest_completed)
         removed = 0
         state_ids = self.wstore.state_ids(self.scope.operator)
-        self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT, pause)
+        if adopt:
+            self._adopt_some(state_ids, ADOPT_ROWS_PER_CHECKPOINT, pause)
+            self._adopt_due = False
         pending = sorted(self.ledger.pending) if refs is None else [
             r for r in refs if r in self.ledger.pending]
         unknown = [ref for ref in pending
@@ -764,12 +779,15 @@ class CheckpointProtocol:
         for ref, drop in dropped:
             self.ledger.forget_versions(ref, drop)
         self.ledger.pending.difference_update(done)
+        if not cleanup:
+            return removed
         if self._ttl_states:
             for seg in self.lineage.segments:
                 removed += self.wstore.delete_expired(
                     fence, sorted(self._ttl_states), seg.kg_start, seg.kg_end,
                     self.lineage.head(seg.kg_start), self.clock_ms())
         removed += self.clean_up(protected, state_ids, pause=pause)
+        self._cleanup_due = False
         return removed
 
     def _adopt_some(self, state_ids: Sequence[int], budget: int,
