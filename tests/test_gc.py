@@ -591,3 +591,42 @@ def test_a_drained_close_leaves_garbage_collection_to_the_restoring_attempt(
         child.key(key)
         assert value.value() == 400 + key
     child.close()
+
+
+def test_a_pass_preempted_at_every_chance_still_ends(store_factory, local_dir, monkeypatch):
+    """Each collection run gives way at its second yield (as if a checkpoint job were
+    always queued): every run still does one statement whose work is remembered (versions
+    read, a batch of deletions the ledger then forgets), so the pass ends and the
+    superseded versions are gone."""
+    from pyflink_ndb.checkpoint import protocol as protocol_module
+    from pyflink_ndb.checkpoint.writer import BackgroundWriter, Preempted
+
+    monkeypatch.setattr(protocol_module, "GC_ENTRIES_PER_YIELD", 50)
+    real = BackgroundWriter.check_cancelled
+    preempted = [0]
+
+    def always_preempt(self: BackgroundWriter) -> None:
+        real(self)
+        running = self._s.running
+        if running is not None and running.preemptible:
+            preempted[0] += 1
+            raise Preempted(running.name)
+    monkeypatch.setattr(BackgroundWriter, "check_cancelled", always_preempt)
+    store = store_factory("sqlite")
+    t = LocalSubtask(store, NdbStateOptions(checkpoints_retained=1), local_dir=local_dir)
+    value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
+    t.backend.protocol.ledger.forgot = True  # versions are read: more statements per run
+    for cid in range(1, 6):
+        for key in range(400):
+            t.key(key)
+            value.update(cid * 1000 + key)
+        t.snapshot(cid)
+        t.complete(cid, wait=False)
+        assert t.backend.drain(timeout_s=60), "the pass ended"
+    assert preempted[0] > 10
+    # Retained: checkpoints 4 and 5, +1 for readers (3): at most 3 versions per entry.
+    assert max(len(v) for v in versions_by_entry(store).values()) <= 3
+    for key in (0, 399):
+        t.key(key)
+        assert value.value() == 5000 + key
+    t.close()

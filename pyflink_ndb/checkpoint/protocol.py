@@ -78,8 +78,9 @@ BACKGROUND_SECONDS_PER_CHECKPOINT = 0.25
 #: Entries of the ledger's pending set one garbage-collection run looks at; a pass over
 #: them all goes on in further runs, each behind any checkpoint write.
 GC_ENTRIES_PER_RUN = 20_000
-#: Entries (versions read, entries decided, versions deleted) between two yields of a
-#: garbage-collection run: where a closing subtask stops it.
+#: Versions deleted between two yields of a garbage-collection run (where a closing
+#: subtask stops it and a checkpoint job preempts it); version reads yield before each
+#: statement.
 GC_ENTRIES_PER_YIELD = 1_000
 
 
@@ -93,6 +94,21 @@ class SubtaskScope:
     key_group_end: int
     job_id: str = ""
     attempt: int = 0
+
+
+def _after_first(between: Callable[[], None]) -> Callable[[], None]:
+    """`between` for every call but the first: a collection run does at least one
+    statement (an adoption scan, a version read, a batch of deletions: each remembered
+    when done) before a checkpoint job can preempt it, so runs preempted at every chance
+    still finish their pass."""
+    first = [True]
+
+    def pause() -> None:
+        if first[0]:
+            first[0] = False
+            return
+        between()
+    return pause
 
 
 def _no_pause() -> None:
@@ -713,14 +729,14 @@ class CheckpointProtocol:
         of abandoned versions; returns rows removed.
 
         :param refs: the pending entries to look at (default: every pending one).
-        :param between: called between statements and every :data:`GC_ENTRIES_PER_YIELD`
-            entries (the background writer's :meth:`~BackgroundWriter.check_cancelled`:
-            a closing subtask stops a run there instead of waiting for it).
+        :param between: called between statements, from the second on (the background
+            writer's :meth:`~BackgroundWriter.check_cancelled`: a closing subtask stops a
+            run there instead of waiting for it, a queued checkpoint job preempts it).
         :param adopt: first adopt a bounded batch of the parent attempt's entries.
         :param cleanup: delete expired rows (TTL) and a bounded batch of abandoned
             versions after the collection. The background runs do both once per
             completed checkpoint."""
-        pause = between or _no_pause
+        pause = _after_first(between) if between is not None else _no_pause
         fence = self._require_open()
         assert self.lineage is not None
         protected = self.protected_snapshots()
@@ -742,12 +758,12 @@ class CheckpointProtocol:
             for ref, stored in self.wstore.read_versions(part).items():
                 self.ledger.learn(ref, stored)
         views_by_kg: dict[int, list[Ranges]] = {}
-        deletions: list[Deletion] = []
         dropped: list[tuple[EntryRef, set[int]]] = []
         done = []
-        for n, ref in enumerate(pending):
-            if n % GC_ENTRIES_PER_YIELD == GC_ENTRIES_PER_YIELD - 1:
-                pause()
+        # No yield while deciding (CPU only, a few microseconds per entry): a run stopped
+        # here would have to decide again, and a run stopped at each of its yields must
+        # still get on (see _after_first).
+        for ref in pending:
             entry = self.ledger.get(ref)
             if entry is None:
                 continue
@@ -764,20 +780,10 @@ class CheckpointProtocol:
                 views = views_by_kg[kg] = self._views(kg, protected)
             keep = versions_to_keep(entry.versions, entry.tombstones, views, keep_above)
             if len(keep) < len(entry.versions):
-                drop = {v for v in entry.versions if v not in keep}
-                for v in sorted(drop):
-                    deletions.append(Deletion(kg, ref[1], ref[2], v))
-                dropped.append((ref, drop))
+                dropped.append((ref, {v for v in entry.versions if v not in keep}))
             if len(keep) <= 1 and all(v <= keep_above for v in keep):
                 done.append(ref)  # nothing left that a later retention change could free
-        for start in range(0, len(deletions), GC_ENTRIES_PER_YIELD):
-            pause()
-            removed += self.wstore.delete_exact(
-                fence, deletions[start:start + GC_ENTRIES_PER_YIELD])
-        # Only now: a run stopped before (a preempting checkpoint job, a close) leaves the
-        # ledger as it was, and a later run deletes what this one did not.
-        for ref, drop in dropped:
-            self.ledger.forget_versions(ref, drop)
+        removed += self._delete_versions(fence, dropped, pause)
         self.ledger.pending.difference_update(done)
         if not cleanup:
             return removed
@@ -788,6 +794,27 @@ class CheckpointProtocol:
                     self.lineage.head(seg.kg_start), self.clock_ms())
         removed += self.clean_up(protected, state_ids, pause=pause)
         self._cleanup_due = False
+        return removed
+
+    def _delete_versions(self, fence: Fence, dropped: Sequence[tuple[EntryRef, set[int]]],
+                         pause: Callable[[], None]) -> int:
+        """Delete the `dropped` versions of their entries, about
+        :data:`GC_ENTRIES_PER_YIELD` versions per yield; the ledger forgets each batch's
+        versions only once the batch is deleted, so a run stopped at a yield (a
+        preempting checkpoint job, a close) loses nothing and a later run does not
+        delete the same versions again."""
+        removed = 0
+        batch: list[Deletion] = []
+        refs: list[tuple[EntryRef, set[int]]] = []
+        for n, (ref, drop) in enumerate(dropped, 1):
+            batch.extend(Deletion(ref[0], ref[1], ref[2], v) for v in sorted(drop))
+            refs.append((ref, drop))
+            if len(batch) >= GC_ENTRIES_PER_YIELD or n == len(dropped):
+                pause()
+                removed += self.wstore.delete_exact(fence, batch)
+                for done_ref, done_drop in refs:
+                    self.ledger.forget_versions(done_ref, done_drop)
+                batch, refs = [], []
         return removed
 
     def _adopt_some(self, state_ids: Sequence[int], budget: int,
