@@ -990,15 +990,12 @@ def test_a_drained_close_waits_for_writes_but_not_for_background_jobs():
     assert len(pages) < 20, "the rest of the prefetch was dropped"
 
 
-@pytest.mark.parametrize("kind", STORES)
-def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
-        store_factory, local_dir, kind):
-    """A cancelled subtask's close waits for a garbage-collection run only up to its next
-    yield: here the run must read the stored versions of 20,000 entries (the ledger forgot
-    some) at 30 ms per 100 (a slow database), 6 s in all."""
-    store = store_factory(kind)
-    t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
-    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+def start_slow_collection(t: LocalSubtask, v: Any) -> Callable[[Any], Any]:
+    """Write 20,000 entries into `t`'s ValueState `v` twice (checkpoints 1, not completed,
+    and 2), with a ledger that knows no entry complete and a store whose version reads
+    cost 30 ms per 100 entries (a slow database): completing checkpoint 2 starts a
+    garbage-collection run of about 6 s. Returns once it reads; returns the store's real
+    `read_versions` (to put back)."""
     protocol = t.backend.protocol
     protocol.ledger.forgot = True  # no entry is known complete: GC reads versions
     for i in range(20_000):
@@ -1018,8 +1015,21 @@ def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
         t.key(i)
         v.update(-i)
     t.snapshot(2)
-    t.complete(2, wait=False)
+    t.complete(2, wait=False)  # garbage collection starts
     assert reading.wait(30), "garbage collection started"
+    return real
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
+        store_factory, local_dir, kind):
+    """A cancelled subtask's close waits for a garbage-collection run only up to its next
+    yield: here the run must read the stored versions of 20,000 entries (the ledger forgot
+    some) at 30 ms per 100 (a slow database), 6 s in all."""
+    store = store_factory(kind)
+    t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    start_slow_collection(t, v)
     started = time.monotonic()
     t.crash()
     assert time.monotonic() - started < 1.5
@@ -1083,33 +1093,13 @@ def test_a_checkpoint_write_does_not_wait_for_a_garbage_collection_run(
     t = LocalSubtask(store, NdbStateOptions(cache_max_entries=10_000, checkpoints_retained=1),
                      local_dir=local_dir)
     v = t.context.get_state(ValueStateDescriptor("v", ANY))
-    protocol = t.backend.protocol
-    protocol.ledger.forgot = True  # no entry is known complete: GC reads versions
-    for i in range(20_000):
-        t.key(i)
-        v.update(i)
-    t.snapshot(1)  # not completed: no collection yet
-    reading = threading.Event()
-    real = protocol.wstore.read_versions
-
-    def slow_read(refs):
-        reading.set()
-        time.sleep(0.03 * len(refs) / 100)
-        return real(refs)
-
-    protocol.wstore.read_versions = slow_read
-    for i in range(20_000):
-        t.key(i)
-        v.update(-i)
-    t.snapshot(2)
-    t.complete(2, wait=False)  # garbage collection starts
-    assert reading.wait(30), "garbage collection started"
+    real = start_slow_collection(t, v)
     t.key(0)
     v.update(7)
     started = time.monotonic()
     t.snapshot(3)  # waits until durable
     assert time.monotonic() - started < 2, "the write waited for the collection run"
-    protocol.wstore.read_versions = real
+    t.backend.protocol.wstore.read_versions = real
     t.complete(3)  # waits for the writer, the collection included
     for cid in (4, 5):
         t.key(1)
