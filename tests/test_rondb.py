@@ -10,6 +10,7 @@ MySQL-protocol test server.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import ssl
@@ -25,6 +26,7 @@ import pytest
 
 from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError
 from pyflink_ndb.stores import grants
+from pyflink_ndb.stores import mysql as mysql_store
 from pyflink_ndb.stores.base import Fence, WriteRow
 from pyflink_ndb.stores.lineage import version_of
 from pyflink_ndb.stores.mysql import (
@@ -94,7 +96,7 @@ def open_on_fake(monkeypatch: pytest.MonkeyPatch, support: str | None,
         made.append(FakeConnection(support, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(pymysql, "connect", connect)
+    monkeypatch.setattr(mysql_store, "connect_driver", connect)
     store = MysqlStateStore(url, "flights")
     store.open()
     store.close()
@@ -132,7 +134,8 @@ def test_a_server_without_ndb_gets_innodb_tables(monkeypatch, support):
 
 
 def test_describe_names_the_engine_and_tls(monkeypatch):
-    monkeypatch.setattr(pymysql, "connect", lambda **kwargs: FakeConnection("YES", **kwargs))
+    monkeypatch.setattr(mysql_store, "connect_driver",
+                        lambda **kwargs: FakeConnection("YES", **kwargs))
     store = MysqlStateStore("mysql://flink@db:3306/state?ssl_mode=required", "ns")
     assert store.check_connection() == "mysql://flink@db:3306/state (NDBCLUSTER, TLS required)"
 
@@ -192,6 +195,33 @@ def test_tls_contexts_follow_the_mode(certs: dict[str, Path]):
                                     "cert": str(certs["client.pem"]),
                                     "key": str(certs["client.key"])})
     assert isinstance(with_client["ssl"], ssl.SSLContext)
+
+
+def test_tls_contexts_are_made_once_until_a_file_changes(certs: dict[str, Path], tmp_path):
+    """Loading certificates costs tens of milliseconds per connection: the same settings
+    and files give the same context; a renewed CA file gives a new one."""
+    ca = tmp_path / "ca.pem"
+    shutil.copy(certs["ca.pem"], ca)
+    first = tls_connect_args({"mode": "verify_ca", "ca": str(ca)})["ssl"]
+    assert tls_connect_args({"mode": "verify_ca", "ca": str(ca)})["ssl"] is first
+    assert tls_connect_args({"mode": "verify_identity", "ca": str(ca)})["ssl"] is not first
+    os.utime(ca, ns=(ca.stat().st_atime_ns, ca.stat().st_mtime_ns + 1_000_000_000))
+    assert tls_connect_args({"mode": "verify_ca", "ca": str(ca)})["ssl"] is not first
+
+
+@pytest.mark.mysql
+def test_connections_of_the_default_tls_mode_share_one_context(mysql_url):
+    """pymysql >= 1.2 builds a context (the system's CA certificates) for each connection
+    in its default, preferred mode; the store's connections share one."""
+    store = MysqlStateStore(mysql_url, f"ctx_{uuid.uuid4().hex[:8]}")
+    store.connect()
+    twin = store.fork()
+    try:
+        assert store._conn.ctx is not None
+        assert twin._conn.ctx is store._conn.ctx
+    finally:
+        twin.close()
+        store.close()
 
 
 def test_unreadable_tls_files_name_the_parameter(tmp_path, certs):

@@ -372,7 +372,9 @@ class SubtaskStateBackend:
                 log.warning("pyflink-ndb %s/%d: tier 2 left open for the background writer",
                             self.info.operator, self.info.subtask_index)
             else:
-                self.table.close()
+                # Tier 2's RocksDB flushes and its folder is deleted in a thread of its
+                # own: Flink deploys the next attempt only once this one is closed.
+                self.table.close(wait=False)
                 tiers_ms = (time.perf_counter() - started) * 1000 - writer_ms
         finally:
             self.store.close()

@@ -13,13 +13,17 @@ code, which NDB passes only inside the text of MySQL errors 1296/1297 (see
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import re
 import socket
 import ssl
+import threading
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import pymysql
+import pymysql.connections
 
 from pyflink_ndb.config import redact_url
 from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError, ValueTooLargeError
@@ -244,7 +248,10 @@ def tls_connect_args(tls: dict[str, str]) -> dict[str, Any]:
     :param tls: the `tls` entry of :func:`parse_mysql_url` (empty: pymysql's default).
     :returns: `{}` (pymysql's default), `{"ssl_disabled": True}`, or `{"ssl": context}`
         with an :class:`ssl.SSLContext` whose verification follows the mode (see
-        :func:`parse_mysql_url`).
+        :func:`parse_mysql_url`). The context is made once per process for the same
+        settings and files (a file whose modification time changes gives a new one):
+        loading certificates costs tens of milliseconds, and every connection (two per
+        subtask that opens, and each reconnection) asks for it.
     :raises ConfigurationError: a CA, certificate or key file cannot be read or is not PEM
         (the message names the parameter and the path).
     """
@@ -253,23 +260,73 @@ def tls_connect_args(tls: dict[str, str]) -> dict[str, Any]:
         return {}
     if mode == "disabled":
         return {"ssl_disabled": True}
+    files = (tls.get("ca"), tls.get("cert"), tls.get("key"))
+    return {"ssl": _tls_context(mode, *files, stamp=tuple(map(_modified_ns, files)))}
+
+
+def _modified_ns(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None  # the context's load names the file and the error
+
+
+@functools.lru_cache(maxsize=16)
+def _tls_context(mode: str, ca: str | None, cert: str | None, key: str | None, *,
+                 stamp: tuple[int | None, ...]) -> ssl.SSLContext:
+    """The context of :func:`tls_connect_args` (`stamp`: the files' modification times,
+    part of the cache key only). A refused file raises and is not remembered."""
     name = "ssl_ca"
     try:
-        context = ssl.create_default_context(cafile=tls.get("ca"))
+        context = ssl.create_default_context(cafile=ca)
         # Python 3.13 turns on strict X.509 checks, which the certificates that MySQL and
         # RonDB servers generate for themselves fail (pymysql clears the flag too).
         context.verify_flags &= ~ssl.VERIFY_X509_STRICT
         context.check_hostname = mode == "verify_identity"
         context.verify_mode = ssl.CERT_NONE if mode == "required" else ssl.CERT_REQUIRED
-        if "cert" in tls:
+        if cert is not None:
             name = "ssl_cert/ssl_key"
-            context.load_cert_chain(tls["cert"], tls["key"])
+            context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as err:  # FileNotFoundError, PermissionError, bad PEM
-        paths = tls.get("ca") if name == "ssl_ca" else f"{tls['cert']}, {tls['key']}"
+        paths = ca if name == "ssl_ca" else f"{cert}, {key}"
         raise ConfigurationError(
             f"Cannot use the TLS file(s) of {name} in state.backend.ndb.url ({paths}): {err}. "
             "Give PEM files readable on every TaskManager (and on the client).") from err
-    return {"ssl": context}
+    return context
+
+
+_preferred_context: ssl.SSLContext | None = None
+_preferred_context_lock = threading.Lock()
+
+
+class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
+    """pymysql's connection, whose default ("preferred") TLS context is made once per
+    process instead of once per connection.
+
+    pymysql 1.2 tries TLS on every connection without TLS settings and builds for it an
+    `ssl.create_default_context()`, which loads the system's CA certificates: 26 ms of CPU
+    here, 40-90 ms on a loaded TaskManager, twice per subtask that opens (its store and
+    the background writer's), on the way from a failure to the next attempt's first
+    record, and for nothing, since that context verifies no certificate. An
+    :class:`ssl.SSLContext` is safe to share between connections and threads.
+    """
+
+    def _create_ssl_ctx(self, sslp: Any) -> ssl.SSLContext:
+        if isinstance(sslp, ssl.SSLContext) or sslp:
+            return super()._create_ssl_ctx(sslp)  # type: ignore[no-any-return]
+        global _preferred_context
+        with _preferred_context_lock:
+            if _preferred_context is None:
+                _preferred_context = super()._create_ssl_ctx(sslp)
+            return _preferred_context
+
+
+def connect_driver(**kwargs: Any) -> Any:
+    """A pymysql connection (`pymysql.connect`'s arguments), with the TLS context of
+    pymysql's default mode shared (:class:`_Connection`)."""
+    return _Connection(**kwargs)
 
 
 #: Characters per rendered multi-row statement: pymysql's own executemany limit
@@ -440,7 +497,7 @@ class MysqlStateStore(StateStore):
         a = self._args
         tls = tls_connect_args(a["tls"])
         try:
-            conn = pymysql.connect(
+            conn = connect_driver(
                 host=a["host"], port=a["port"], user=a["user"], password=a["password"] or "",
                 database=a["database"], charset="utf8mb4", autocommit=True,
                 binary_prefix=True, connect_timeout=self._connect_timeout_s,

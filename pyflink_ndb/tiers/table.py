@@ -568,7 +568,9 @@ class TieredTable:
         if self.local is not None:
             self.local.clear()
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Drop tier 1 without writing it back, and destroy tier 2 (`wait` False: in a
+        thread of its own, see :meth:`LocalTier.destroy`)."""
         self._cache = WriteBackLRU(int(self._cache.maxsize), self._evicted)
         if self.local is not None:
-            self.local.destroy()
+            self.local.destroy(wait)
