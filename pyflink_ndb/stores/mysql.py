@@ -314,7 +314,7 @@ class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
     """
 
     def _create_ssl_ctx(self, sslp: Any) -> ssl.SSLContext:
-        if isinstance(sslp, ssl.SSLContext) or sslp:
+        if sslp:  # a context or TLS settings of the caller's: pymysql's own handling
             return super()._create_ssl_ctx(sslp)  # type: ignore[no-any-return]
         global _preferred_context
         with _preferred_context_lock:
