@@ -7,6 +7,7 @@ latest completed checkpoint; a kept tombstone that hides nothing is dropped too.
 
 from __future__ import annotations
 
+import gc
 import random
 from typing import Any
 
@@ -20,7 +21,7 @@ from pyflink_ndb.checkpoint.gc import EntryVersions, VersionLedger, versions_to_
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.serialization import encode_key
 from pyflink_ndb.stores import StateStore
-from pyflink_ndb.stores.base import COMPLETED
+from pyflink_ndb.stores.base import COMPLETED, WriteRow
 from pyflink_ndb.stores.lineage import Ranges, in_ranges, own_range, split_version, version_of
 from pyflink_ndb.testing import LocalSubtask
 
@@ -156,8 +157,8 @@ def test_ledger_records_versions_in_order_and_rewrites_replace_the_flag() -> Non
     ledger.record(OTHER, v(1), tombstone=True)
     entry = ledger.get(REF)
     assert entry is not None
-    assert (entry.versions, entry.tombstones, entry.complete) == ([v(1), v(2)],
-                                                                   [False, False], False)
+    assert (entry.versions, entry.tombstones, entry.complete) == ((v(1), v(2)),
+                                                                   (False, False), False)
     assert ledger.pending == {REF, OTHER}
     assert len(ledger) == 2
     assert ledger.get((0, 0, b"never")) is None
@@ -168,10 +169,60 @@ def test_entry_versions_stay_sorted_unique_with_the_last_flag(
         writes: list[tuple[int, bool]]) -> None:
     entry = EntryVersions()
     for version, tombstone in writes:
-        entry.add(version, tombstone)
+        entry = entry.add(version, tombstone)
     last = dict(writes)
-    assert entry.versions == sorted(last)
-    assert entry.tombstones == [last[version] for version in sorted(last)]
+    assert entry.versions == tuple(sorted(last))
+    assert entry.tombstones == tuple(last[version] for version in sorted(last))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.booleans()),
+                         max_size=12), max_size=6),
+       st.integers(2, 8), st.sets(st.integers(0, 3)))
+def test_recording_an_epoch_at_once_equals_recording_its_rows_one_by_one(
+        epochs: list[list[tuple[int, int, bool]]], max_entries: int,
+        inherited: set[int]) -> None:
+    """`record_epoch` (the writer's fast path) against a loop over `record`: the same
+    versions, flags, completeness, order of eviction and pending set, also when epochs
+    come back to an older version and when the bounded ledger forgets entries."""
+    one_by_one, at_once = VersionLedger(max_entries), VersionLedger(max_entries)
+    asked: list[int] = []
+
+    def only_own(key_group: int) -> bool:
+        asked.append(key_group)
+        return key_group not in inherited
+    for epoch, writes in enumerate(epochs, 1):
+        version = v(epoch if epoch % 4 else 1)  # every fourth epoch rewrites version 1
+        rows = [WriteRow(kg, 9, b"k%d" % key, tomb, None if tomb else b"x", None, None)
+                for kg, key, tomb in writes]
+        for row in rows:
+            one_by_one.record((row.key_group, row.state_id, row.ukey), version,
+                              row.tombstone, row.key_group not in inherited)
+        asked.clear()
+        at_once.record_epoch(rows, version, only_own)
+        assert len(asked) == len(set(asked))  # once per key group at most
+        assert at_once.pending == one_by_one.pending
+        assert at_once.forgot == one_by_one.forgot
+        assert list(at_once._entries) == list(one_by_one._entries)  # the same LRU order
+        for ref in one_by_one._entries:
+            assert at_once.get(ref) == one_by_one.get(ref)
+
+
+def test_the_ledger_leaves_the_garbage_collector_nothing_to_traverse() -> None:
+    """The ledger's entries are tuples of atomic values, which CPython's cyclic garbage
+    collector stops tracking once they survived collections: a full collection, which
+    stops every thread of the TaskManager's interpreter, does not walk them."""
+    ledger = VersionLedger()
+    rows = [WriteRow(1, 9, b"k%d" % i, i % 3 == 0, None, None, None) for i in range(100)]
+    ledger.record_epoch(rows, v(1), lambda key_group: True)
+    ledger.record(REF, v(2), tombstone=False)
+    ledger.learn(OTHER, [(v(1), True)])
+    gc.collect()  # untracks the inner tuples, which makes their entry untrackable
+    gc.collect()
+    stored = list(ledger._entries.values())
+    assert len(stored) == 102
+    assert not any(gc.is_tracked(entry) for entry in stored)
+    assert not any(gc.is_tracked(ref) for ref in ledger.pending)
 
 
 def test_ledger_learns_older_versions_once() -> None:
@@ -181,10 +232,10 @@ def test_ledger_learns_older_versions_once() -> None:
     # (its flag as recorded wins).
     entry = ledger.learn(REF, [(v(3, 1), False), (v(1, 1), True), (v(1, 2), True)])
     assert entry.complete
-    assert entry.versions == [v(1, 1), v(3, 1), v(1, 2)]
-    assert entry.tombstones == [True, False, False]
+    assert entry.versions == (v(1, 1), v(3, 1), v(1, 2))
+    assert entry.tombstones == (True, False, False)
     fresh = ledger.learn(OTHER, [])
-    assert fresh.complete and fresh.versions == []
+    assert fresh.complete and fresh.versions == ()
 
 
 def test_ledger_forgets_deleted_versions_and_old_entries() -> None:
@@ -193,7 +244,7 @@ def test_ledger_forgets_deleted_versions_and_old_entries() -> None:
         ledger.record(REF, v(epoch), tombstone=epoch == 2)
     ledger.forget_versions(REF, {v(1), v(2)})
     entry = ledger.get(REF)
-    assert entry is not None and (entry.versions, entry.tombstones) == ([v(3)], [False])
+    assert entry is not None and (entry.versions, entry.tombstones) == ((v(3),), (False,))
     ledger.forget_versions((0, 0, b"unknown"), {v(1)})  # nothing to forget
     ledger.record(OTHER, v(1), tombstone=False)
     ledger.record((5, 9, b"third"), v(1), tombstone=False)
@@ -250,7 +301,7 @@ def test_collection_with_the_ledger_never_changes_what_a_protected_snapshot_sees
             assert read(store, view) == read(history, view), (view, store, history)
         assert {x for x in history if x > keep_above} <= set(store)
         assert len([x for x in store if x <= keep_above]) <= len(views)
-        assert ledger.get(REF).versions == sorted(store)  # type: ignore[union-attr]
+        assert ledger.get(REF).versions == tuple(sorted(store))  # type: ignore[union-attr]
 
 
 # -- the store after checkpoints of a LocalSubtask --------------------------------------

@@ -449,17 +449,12 @@ class CheckpointProtocol:
             raise CheckpointError(
                 f"Checkpoint {checkpoint_id} of {self.scope.operator!r} could not be "
                 f"written to {self.wstore.describe()}: {err}") from err
-        size = 0
         lineage = self.lineage
         assert lineage is not None
-        own_only: dict[int, bool] = {}
-        for row in rows:
-            only = own_only.get(row.key_group)
-            if only is None:
-                only = own_only[row.key_group] = not lineage.segment(row.key_group).inherited
-            self.ledger.record((row.key_group, row.state_id, row.ukey), version, row.tombstone,
-                               only)
-            size += len(row.ukey) + (len(row.value) if row.value else 0)
+        self.ledger.record_epoch(
+            rows, version, lambda key_group: not lineage.segment(key_group).inherited)
+        size = sum(len(row.ukey) for row in rows) + sum(
+            len(row.value) for row in rows if row.value)
         self.rows_written += written
         self.entries_written += len(rows)
         self.bytes_written += size
