@@ -78,6 +78,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "checkpoints not yet written; a checkpoint that would exceed it waits in "
                "its synchronous phase for earlier ones (back-pressure; nothing is "
                "dropped). At least 1."),
+    OptionSpec("python.gc-freeze", "python_gc_freeze", True,
+               "Once per TaskManager interpreter, when a subtask first hears of a "
+               "completed checkpoint: leave every object then alive (PyFlink's, Beam's "
+               "and the job's start-up heap) out of the cyclic garbage collector's future "
+               "full collections (`gc.freeze()`), which stop every Python thread of the "
+               "TaskManager in thread mode. Reference counting still frees those objects; "
+               "a reference cycle among them is never collected. `false`: leave the "
+               "collector as it is."),
     OptionSpec("restore.mode", "restore_mode", "lazy",
                "`lazy`: read each key from the store when first needed; `eager`: prefetch the "
                "subtask's key groups into the local tier at open, before the first record; "
@@ -159,6 +167,7 @@ class NdbStateOptions:
     write_async: bool = True
     write_render_process: bool = False
     write_max_pending_bytes: int = 256 * 1024 * 1024
+    python_gc_freeze: bool = True
     restore_mode: str = "lazy"
     restore_key_filter: bool = True
     read_ahead_records: int = 100

@@ -34,6 +34,7 @@ from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import ConfigurationError
+from pyflink_ndb.runtime.interpreter import freeze_start_up_heap
 from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.serialization.values import PLAIN_JSON, SERIALIZER_NAME, JsonRenderer
 from pyflink_ndb.stores.base import StateStore, now_ms
@@ -330,6 +331,8 @@ class SubtaskStateBackend:
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.protocol.complete(int(checkpoint_id))
+        if self.options.python_gc_freeze:
+            freeze_start_up_heap()  # once per interpreter: after the job's start-up
         if self.metrics is not None:
             self.metrics.push()
 
