@@ -163,10 +163,13 @@ class VersionLedger:
         """Record one written epoch: :meth:`record` for each row as `version`, with
         `only_own(key_group)` asked once per key group.
 
-        The same outcome as a loop over :meth:`record`, in less time: it runs for every
-        written entry on the writer thread, which shares the task threads' GIL (bench part
-        9, issue 7), so the lookups are bound once and the common case (a version newer
-        than every known one) is built inline."""
+        The same outcome as a loop over :meth:`record` (tests/test_gc.py compares them),
+        in less time: it runs for every written entry on the writer thread, which shares
+        the task threads' GIL (bench part 9, issue 7), so the lookups are bound once, the
+        common case (a version newer than every known one) is built inline and only a new
+        entry checks the bound, as :meth:`_put` does. Measured alone on 20,000 rows:
+        1.0–1.1 µs per row, against 1.4–1.5 with :func:`_added` and :meth:`_put` per row
+        and 1.5–2.3 for a loop over :meth:`record`."""
         entries = self._entries
         lookup, to_end, pending = entries.get, entries.move_to_end, self.pending.add
         own: dict[int, bool] = {}

@@ -453,8 +453,7 @@ class CheckpointProtocol:
         assert lineage is not None
         self.ledger.record_epoch(
             rows, version, lambda key_group: not lineage.segment(key_group).inherited)
-        size = sum(len(row.ukey) for row in rows) + sum(
-            len(row.value) for row in rows if row.value)
+        size = sum(len(row.ukey) + (len(row.value) if row.value else 0) for row in rows)
         self.rows_written += written
         self.entries_written += len(rows)
         self.bytes_written += size
