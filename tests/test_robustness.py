@@ -42,7 +42,7 @@ from pyflink_ndb.errors import (
     ValueTooLargeError,
 )
 from pyflink_ndb.runtime.backend import BindInfo, SubtaskStateBackend
-from pyflink_ndb.serialization.keys import encode_key
+from pyflink_ndb.serialization.keys import MAX_KEY_DEPTH, encode_key
 from pyflink_ndb.stores import StateStore
 from pyflink_ndb.stores.base import CHUNK_BYTES, MAX_UKEY_BYTES
 from pyflink_ndb.testing import LocalSubtask, ManualClock
@@ -739,13 +739,31 @@ def test_row_and_float_keys_round_trip_through_a_restore(store_kind, store_facto
     assert Row(b=1, a="x") in keys_back
 
 
-def test_deeply_nested_key_fails_with_serialization_error(store_factory, local_dir):
-    job = Job(store_factory("sqlite"), NdbStateOptions(), local_dir)
-    key: Any = ()
-    for _ in range(5000):
-        key = (key,)
-    with pytest.raises(SerializationError):
-        job.t.key(key)
+def _nested(kind: str, levels: int) -> Any:
+    """A key of `levels` nested containers of one kind around an int."""
+    key: Any = 1
+    for _ in range(levels):
+        key = {"tuple": lambda k: (k,), "list": lambda k: [k],
+               "frozenset": lambda k: frozenset([k]), "row": lambda k: Row(k)}[kind](key)
+    return key
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "frozenset", "row"])
+def test_deeply_nested_key_fails_with_serialization_error(store_factory, local_dir, kind):
+    """A key nested up to MAX_KEY_DEPTH containers deep works; one level more is refused
+    before the encoder nears Python's recursion limit (CI once saw a finalizer fail with a
+    RecursionError while a 5,000-level key recursed to that limit)."""
+    store = store_factory("sqlite")
+    job = Job(store, NdbStateOptions(), local_dir)
+    deepest = _nested(kind, MAX_KEY_DEPTH)
+    job.write(deepest, 7)
+    for levels in (MAX_KEY_DEPTH + 1, 5000):
+        with pytest.raises(SerializationError, match=f"more than {MAX_KEY_DEPTH} levels"):
+            job.t.key(_nested(kind, levels))
+    job.checkpoint(1)
+    job.crash()
+    job = Job(store, NdbStateOptions(), local_dir, restored=1)
+    assert job.read(deepest) == {"value": (7, deepest), "list": [7], "map": {7: [7, deepest]}}
 
 
 # -- odd values ----------------------------------------------------------------------------

@@ -82,7 +82,14 @@ def _window_of(fields: Any) -> Any:
     raise SerializationError(f"Corrupt key bytes: unknown window {fields!r}.")
 
 
-def _encode(value: Any, out: bytearray) -> None:
+#: The deepest nesting of containers (tuple, list, frozenset, Row) a key may have. A deeper
+#: key is refused with :class:`SerializationError` before the encoder nears Python's
+#: recursion limit (1,000 frames): near that limit any finalizer that a garbage collection
+#: runs meanwhile (a socket's, a generator's) fails with an ignored RecursionError.
+MAX_KEY_DEPTH = 100
+
+
+def _encode(value: Any, out: bytearray, depth: int = 0) -> None:
     # bool before int: bool is a subclass of int.
     if value is None:
         out += b"N"
@@ -104,21 +111,25 @@ def _encode(value: Any, out: bytearray) -> None:
         out += b"a" + _varint(len(value)) + bytes(value)
     elif type(value) is tuple:
         out += b"t" + _varint(len(value))
+        depth = _deeper(depth)
         for item in value:
-            _encode(item, out)
+            _encode(item, out, depth)
     elif type(value) is list:
         out += b"l" + _varint(len(value))
+        depth = _deeper(depth)
         for item in value:
-            _encode(item, out)
+            _encode(item, out, depth)
     elif type(value) is frozenset:
-        parts = sorted(bytes(_encode_to(item)) for item in value)
+        depth = _deeper(depth)
+        parts = sorted(bytes(_encode_to(item, depth)) for item in value)
         out += b"z" + _varint(len(parts)) + b"".join(parts)
     elif _is_row(value):
         names = value._fields if getattr(value, "_fields", None) else None
         out += b"r" + bytes([value.get_row_kind().value]) + _varint(len(value))
-        _encode(tuple(names) if names else None, out)
+        depth = _deeper(depth)
+        _encode(tuple(names) if names else None, out, depth)
         for item in value:
-            _encode(item, out)
+            _encode(item, out, depth)
     elif isinstance(value, _SCALAR_PICKLE_TYPES):
         raw = pickle.dumps(value, protocol=4)
         out += b"p" + _varint(len(raw)) + raw
@@ -132,9 +143,16 @@ def _encode(value: Any, out: bytearray) -> None:
             "date/time and Decimal (and nestings of them). Convert the key to one of these.")
 
 
-def _encode_to(value: Any) -> bytearray:
+def _deeper(depth: int) -> int:
+    if depth >= MAX_KEY_DEPTH:
+        raise SerializationError(
+            f"A state key is nested more than {MAX_KEY_DEPTH} levels deep; use a flatter key.")
+    return depth + 1
+
+
+def _encode_to(value: Any, depth: int = 0) -> bytearray:
     out = bytearray()
-    _encode(value, out)
+    _encode(value, out, depth)
     return out
 
 
@@ -149,14 +167,10 @@ def encode_key(value: Any) -> bytes:
 
     :param value: the key (see the module docstring for supported types).
     :returns: self-delimiting bytes; equal keys give equal bytes.
-    :raises SerializationError: the type is not supported as a key, or it is nested too
-        deeply to encode.
+    :raises SerializationError: the type is not supported as a key, or its containers are
+        nested more than :data:`MAX_KEY_DEPTH` levels deep.
     """
-    try:
-        return bytes(_encode_to(value))
-    except RecursionError as err:
-        raise SerializationError(
-            "A state key is nested too deeply to encode; use a flatter key.") from err
+    return bytes(_encode_to(value))
 
 
 def encode_map_key(value: Any) -> bytes:
