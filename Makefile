@@ -9,6 +9,7 @@ JAVA_SOURCES := $(wildcard java-bridge/src/main/java/io/pyflinkndb/bridge/*.java
 URL ?= sqlite:///var/flight-delays.sqlite
 NAMESPACE ?= flights
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 export PYFLINK_NDB_TEST_MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 # Thread mode wants the virtualenv's interpreter first on PATH (see README, "Thread mode").
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -37,7 +38,7 @@ db:
 
 demo: venv jar
 	PYTHONWARNINGS="ignore:pkg_resources is deprecated:UserWarning" \
-	  $(PY) jobs/flight_delays.py --url "$(URL)" --namespace "$(NAMESPACE)"
+	  $(PY) jobs/flight_delays.py --url "$(URL)" --namespace "$(NAMESPACE)" $(DEMO_ARGS)
 
 test: venv jar db
 	$(PY) -m pytest $(PYTEST_ARGS)

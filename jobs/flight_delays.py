@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
 from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
-from pyflink_ndb.config import resolve_sqlite_url
+from pyflink_ndb.config import PREFIX, from_flink_keys, resolve_sqlite_url
+from pyflink_ndb.errors import ConfigurationError
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -152,6 +153,23 @@ def execute_with_progress(env: Any, options: Mapping[str, Any], total: int) -> A
     return future.result()
 
 
+def parse_settings(settings: Sequence[str]) -> dict[str, str]:
+    """`KEY=VALUE` pairs of `--set` as a dict.
+
+    :raises click.BadParameter: a pair without `=` or a key outside `state.backend.ndb.`.
+    """
+    out: dict[str, str] = {}
+    for pair in settings:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.startswith(PREFIX):
+            raise click.BadParameter(
+                f"{pair!r}: give KEY=VALUE with a {PREFIX}* key, e.g. "
+                f"{PREFIX}restore.mode=eager.", param_hint="--set")
+        out[key] = value.strip()
+    return out
+
+
 @click.command()
 @click.option("--url", default="sqlite:///var/flight-delays.sqlite", show_default=True,
               help="state.backend.ndb.url (sqlite:///path or mysql://user@host:port/db).")
@@ -168,14 +186,25 @@ def execute_with_progress(env: Any, options: Mapping[str, Any], total: int) -> A
 @click.option("--throttle-ms", default=0.0, show_default=True,
               help="Wait this long per record (keeps a short run going long enough to stop "
                    "it with a savepoint).")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Any other state.backend.ndb.* option (README, \"Configuration\"), e.g. "
+                   "--set state.backend.ndb.restore.mode=eager; repeatable; overrides the "
+                   "options above.")
 def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: int | None,
-         cache_entries: int, on_fresh_start: str, throttle_ms: float) -> None:
+         cache_entries: int, on_fresh_start: str, throttle_ms: float,
+         settings: tuple[str, ...]) -> None:
     """Run the flight-delays job and print a summary: on the MiniCluster when started with
     python, on the cluster when submitted with `flink run -py`."""
-    csv_path = flights_csv(limit)
     options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
                "state.backend.ndb.on-fresh-start": on_fresh_start,
-               "state.backend.ndb.cache.max-entries": str(cache_entries)}
+               "state.backend.ndb.cache.max-entries": str(cache_entries),
+               **parse_settings(settings)}
+    try:  # as the operators will check them, but before Flink starts: one line, no stack
+        effective = from_flink_keys(options)
+    except ConfigurationError as err:
+        raise click.UsageError(str(err)) from err
+    url, namespace = effective.url, effective.namespace  # --set may have overridden them
+    csv_path = flights_csv(limit)
     env = make_environment(parallelism, checkpoint_ms)
     function = AircraftDelays()
     if throttle_ms > 0:

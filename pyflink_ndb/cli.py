@@ -393,7 +393,9 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
         elif kind == "savepoint":
             note = "pinned until released"
         elif any(r.branch in owners for r in rows):
-            note = "retained by the running job"
+            # Owners are the latest attempt of each key group, which may have ended: the
+            # store cannot tell a running job from one that stopped.
+            note = "retained for the key groups' current owner (the latest job)"
         else:
             note = "side snapshot (releasable)"
         out.append({"kind": kind, "checkpoint": epoch, "job": job,
@@ -705,7 +707,9 @@ def gc(url: str, namespace: str, operator: str | None, dry_run: bool) -> None:
     """Run garbage collection now: delete the versions that no restorable checkpoint or
     savepoint, no reader and no running subtask needs (what the jobs' own collection
     deletes as checkpoints complete, over the whole namespace at once). Safe while jobs
-    run; the versions of running subtasks are left to them."""
+    run: the versions of the key groups' current owners (the latest job's subtasks,
+    running or ended: the store cannot tell) are left to them, and the job that restores
+    their snapshot collects them."""
     from pyflink_ndb.checkpoint.offline_gc import collect_garbage_now
 
     with _opened(_open, url, namespace) as store:
@@ -717,8 +721,9 @@ def gc(url: str, namespace: str, operator: str | None, dry_run: bool) -> None:
                        f"{'would remove' if dry_run else 'removed'} "
                        f"{report.versions_deleted:,} versions"
                        + ("" if dry_run else f" ({report.rows_deleted:,} rows)")
-                       + (f"; {report.kept_as_owners:,} left to the running subtasks"
-                          if report.kept_as_owners else ""))
+                       + (f"; {report.kept_as_owners:,} left to the key groups' current "
+                          "owners (the latest job, running or ended; the job that restores "
+                          "its snapshot collects them)" if report.kept_as_owners else ""))
         click.echo(f"{'would remove' if dry_run else 'removed'} {total:,} versions in "
                    f"namespace {namespace}")
 

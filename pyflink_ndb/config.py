@@ -9,6 +9,7 @@ options override cluster options.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -191,24 +192,39 @@ class NdbStateOptions:
                 f"(got {redact_url(self.url)!r}).")
         for spec in OPTIONS:
             if isinstance(spec.default, bool):
-                _require(isinstance(getattr(self, spec.field), bool), spec.key,
-                         f"true or false (got {getattr(self, spec.field)!r})")
-        _require(self.cache_max_entries >= 1, "cache.max-entries", "at least 1")
-        _require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
-        _require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
-        _require(self.write_max_pending_bytes >= 1, "write.max-pending-bytes", "at least 1")
-        _require(self.read_ahead_records >= 0, "read-ahead.records", "at least 0")
-        _require(self.read_ahead_max_wait_ms >= 1, "read-ahead.max-wait-ms", "at least 1")
-        _require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
-                 "`lazy`, `eager` or `background`")
-        _require(self.on_fresh_start in ("fail", "resume", "truncate"), "on-fresh-start",
-                 "`fail`, `resume` or `truncate`")
+                self._require(isinstance(getattr(self, spec.field), bool), spec.key,
+                              "true or false")
+        self._require(self.cache_max_entries >= 1, "cache.max-entries", "at least 1")
+        self._require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
+        self._require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
+        self._require(self.write_max_pending_bytes >= 1, "write.max-pending-bytes",
+                      "at least 1")
+        self._require(self.read_ahead_records >= 0, "read-ahead.records", "at least 0")
+        self._require(self.read_ahead_max_wait_ms >= 1, "read-ahead.max-wait-ms",
+                      "at least 1")
+        self._require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
+                      "`lazy`, `eager` or `background`")
+        self._require(self.on_fresh_start in ("fail", "resume", "truncate"),
+                      "on-fresh-start", "`fail`, `resume` or `truncate`")
         if self.checkpoints_retained is not None:
-            _require(self.checkpoints_retained >= 1, "checkpoints.retained", "at least 1")
-        _require(self.db_socket_timeout_ms >= 1, "db.socket-timeout-ms", "at least 1")
-        _require(self.db_retry_max_attempts >= 1, "db.retry.max-attempts", "at least 1")
-        _require(self.db_retry_max_backoff_ms >= 0, "db.retry.max-backoff-ms", "at least 0")
-        _require(self.db_retry_deadline_ms >= 1, "db.retry.deadline-ms", "at least 1")
+            self._require(self.checkpoints_retained >= 1, "checkpoints.retained",
+                          "at least 1")
+        self._require(self.db_socket_timeout_ms >= 1, "db.socket-timeout-ms", "at least 1")
+        self._require(self.db_retry_max_attempts >= 1, "db.retry.max-attempts",
+                      "at least 1")
+        self._require(self.db_retry_max_backoff_ms >= 0, "db.retry.max-backoff-ms",
+                      "at least 0")
+        self._require(self.db_retry_deadline_ms >= 1, "db.retry.deadline-ms", "at least 1")
+
+    def _require(self, ok: bool, key: str, what: str) -> None:
+        """Raise when `ok` is false: the message names the key, the value given, what it
+        must be and the default."""
+        if not ok:
+            spec = _BY_KEY[key]
+            default = "none" if spec.default is None else spec.default
+            raise ConfigurationError(
+                f"{PREFIX}{key}={getattr(self, spec.field)!r} is not allowed: it must be "
+                f"{what} (default: {default}).")
 
     def resolve_password(self) -> str | None:
         """The password from `password`, else `password-file`, else `password-env`.
@@ -245,11 +261,6 @@ class NdbStateOptions:
 
     def replace(self, **changes: Any) -> NdbStateOptions:
         return dataclasses.replace(self, **changes)
-
-
-def _require(ok: bool, key: str, what: str) -> None:
-    if not ok:
-        raise ConfigurationError(f"{PREFIX}{key} must be {what}.")
 
 
 def _convert(spec: OptionSpec, raw: Any) -> Any:
@@ -289,8 +300,14 @@ def option_value(key: str, raw: Any) -> Any:
     """
     spec = _BY_KEY.get(key)
     if spec is None:
-        raise ConfigurationError(f"Unknown option {PREFIX}{key}.")
+        raise ConfigurationError(f"Unknown option {PREFIX}{key}.{_did_you_mean(key)}")
     return _convert(spec, raw)
+
+
+def _did_you_mean(key: str) -> str:
+    """" Did you mean …?" with the nearest known key (without the prefix), or ""."""
+    near = difflib.get_close_matches(key, list(_BY_KEY), n=1, cutoff=0.6)
+    return f" Did you mean {PREFIX}{near[0]}?" if near else ""
 
 
 #: Flink's own keys of the number of retained checkpoints, the 1.20 name first
@@ -321,7 +338,8 @@ def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
             spec = _BY_KEY.get(short)
             if spec is None:
                 raise ConfigurationError(
-                    f"Unknown option {key!r}. Known options: {', '.join(KNOWN_KEYS)}.")
+                    f"Unknown option {key!r}.{_did_you_mean(short)} Known options: "
+                    f"{', '.join(KNOWN_KEYS)}.")
             if raw is None:
                 continue  # not set: the default (or an earlier source) stays
             values[spec.field] = _convert(spec, raw)

@@ -202,6 +202,10 @@ def test_status_shows_states_checkpoints_and_snapshots(flights: Flights):
     assert snaps[("checkpoint", 3)]["note"] == "readers see it"
     assert snaps[("savepoint", 4)]["note"] == "pinned until released"
     assert snaps[("checkpoint", 5)]["status"] == "pending"
+    # The store cannot tell whether the owning job still runs (a fresh user saw "retained
+    # by the running job" after the job had ended).
+    assert snaps[("checkpoint", 2)]["note"] == ("retained for the key groups' current owner "
+                                                "(the latest job)")
     text = run("status", *base(flights)).output
     assert "readers see:  checkpoint 3" in text and "last_hour  value  8 h" in text
     everything = run("status", "--url", flights.url).output

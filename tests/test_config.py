@@ -12,6 +12,7 @@ from pyflink_ndb.config import (
     OPTIONS,
     NdbStateOptions,
     from_flink_keys,
+    option_value,
     redact_url,
     resolve_sqlite_url,
     to_flink_keys,
@@ -109,8 +110,48 @@ def test_a_value_of_none_means_not_set() -> None:
 
 
 def test_constructor_refuses_a_non_boolean_for_a_boolean_option() -> None:
-    with pytest.raises(ConfigurationError, match="restore.key-filter must be true or false"):
+    with pytest.raises(ConfigurationError,
+                       match="restore.key-filter='maybe' is not allowed: it must be true or "
+                             "false"):
         NdbStateOptions(restore_key_filter="maybe")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("key", "raw", "message"), [
+    ("cache.max-entries", "-5", "state.backend.ndb.cache.max-entries=-5 is not allowed: it "
+                                "must be at least 1 (default: 10000)."),
+    ("read-ahead.records", "-1", "state.backend.ndb.read-ahead.records=-1 is not allowed: "
+                                 "it must be at least 0 (default: 100)."),
+    ("restore.mode", "fast", "state.backend.ndb.restore.mode='fast' is not allowed: it must "
+                             "be `lazy`, `eager` or `background` (default: lazy)."),
+    ("checkpoints.retained", "0", "state.backend.ndb.checkpoints.retained=0 is not allowed: "
+                                  "it must be at least 1 (default: none)."),
+])
+def test_an_out_of_range_value_is_named_with_the_rule_and_the_default(
+        key: str, raw: str, message: str) -> None:
+    """A fresh user's report: `cache.max-entries: -5` was refused without naming -5."""
+    with pytest.raises(ConfigurationError) as info:
+        from_flink_keys({P + key: raw})
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("typo", "nearest"), [
+    ("cache.max-entry", "cache.max-entries"),
+    ("restore-mode", "restore.mode"),
+    ("write.asynch", "write.async"),
+])
+def test_a_misspelled_key_names_the_nearest_known_key(typo: str, nearest: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        from_flink_keys({P + typo: "1"})
+    assert f"Unknown option '{P}{typo}'. Did you mean {P}{nearest}?" in str(info.value)
+    with pytest.raises(ConfigurationError, match=f"Did you mean {P}{nearest}"):
+        option_value(typo, "1")
+
+
+def test_an_unknown_key_far_from_every_known_one_gets_no_guess() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        from_flink_keys({P + "zzzz": "1"})
+    assert "Did you mean" not in str(info.value)
+    assert "Known options:" in str(info.value)
 
 
 def test_flink_num_retained_is_the_default_of_checkpoints_retained() -> None:

@@ -62,3 +62,40 @@ def test_failure_mid_stream_then_exact_state(state_options, tmp_path: Path):
     expected = pandas_aircraft(package_data_dir() / "flights.csv.zip")
     assert len(expected) == 4037
     assert_exact(committed_aircraft(state_options), expected)
+
+
+def test_demo_passes_every_set_option_to_the_operators(tmp_path: Path):
+    """`make demo DEMO_ARGS="--set KEY=VALUE"` (README, "Set up"): a key given with --set
+    reaches the job's operators and overrides the demo's own option (here the namespace:
+    the state lands in the table of the --set one)."""
+    from click.testing import CliRunner
+
+    from jobs.flight_delays import main
+
+    url = f"sqlite:///{tmp_path / 'demo.sqlite'}"
+    result = CliRunner().invoke(main, [
+        "--url", url, "--namespace", "ignored", "--limit", "3000", "--checkpoint-ms", "300",
+        "--set", "state.backend.ndb.namespace=by_set",
+        "--set", "state.backend.ndb.read-ahead.records=0"])
+    assert result.exit_code == 0, result.output
+    assert "table by_set_state" in result.output
+    assert "ignored_state" not in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--cache-entries", "-5"], "state.backend.ndb.cache.max-entries=-5 is not allowed: it "
+                                "must be at least 1 (default: 10000)."),
+    (["--set", "state.backend.ndb.restore-mode=eager"],
+     "Did you mean state.backend.ndb.restore.mode?"),
+    (["--set", "restore.mode=eager"], "give KEY=VALUE with a state.backend.ndb.* key"),
+])
+def test_demo_refuses_a_bad_option_before_flink_starts(args: list[str], message: str):
+    """A fresh user's report: a bad value surfaced only deep in a Java stack trace."""
+    from click.testing import CliRunner
+
+    from jobs.flight_delays import main
+
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output

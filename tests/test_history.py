@@ -386,3 +386,20 @@ def test_cli_filters_that_match_nothing_list_what_exists(tmp_path, local_dir):
     assert out.exit_code != 0 and "what readers see" in out.output
     out = runner.invoke(cli, ["query", *base, "--sql", "--operator", "op"])
     assert out.exit_code == 0 and "-- parameters:" in out.output
+
+
+@pytest.mark.parametrize(("operator", "hint"), [
+    ("0123456789abcdef0123456789abcdef", True), ("counter", False)])
+def test_a_fresh_start_conflict_says_what_a_hex_operator_name_is(store, operator, hint):
+    """A fresh user saw only a 32-digit hex name for the operator of a switched job (its
+    Flink operator ID): the message says where it comes from and that the CLI takes the
+    uid."""
+    from pyflink_ndb.checkpoint.protocol import fresh_start_conflict
+    from pyflink_ndb.stores.lineage import Descriptor, Token
+
+    err = fresh_start_conflict(store, NdbStateOptions(), operator,
+                               Descriptor((Token(1, 3, 0, 127),)))
+    text = str(err)
+    assert f"operator {operator!r}" in text and "checkpoint 3" in text
+    assert ("Flink operator ID of a switched operator" in text) is hint
+    assert "on-fresh-start" in text

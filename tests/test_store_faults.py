@@ -354,7 +354,8 @@ def test_option_values_below_one_are_rejected(field):
 
 def test_a_negative_max_backoff_is_rejected():
     NdbStateOptions(db_retry_max_backoff_ms=0)
-    with pytest.raises(ConfigurationError, match="max-backoff-ms must be at least 0"):
+    with pytest.raises(ConfigurationError,
+                       match="max-backoff-ms=-1 is not allowed: it must be at least 0"):
         NdbStateOptions(db_retry_max_backoff_ms=-1)
 
 

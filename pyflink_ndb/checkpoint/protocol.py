@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -118,9 +119,13 @@ def _no_pause() -> None:
 def fresh_start_conflict(store: StateStore, options: NdbStateOptions, operator: str,
                          committed: Descriptor) -> NamespaceInUseError:
     """The error of a fresh start on a namespace with committed state (policy `fail`)."""
+    who = f"operator {operator!r}"
+    if re.fullmatch(r"[0-9a-f]{32}", operator):
+        who += (" (the Flink operator ID of a switched operator, which Flink derives from "
+                "its uid; the CLI's --operator takes the uid too)")
     return NamespaceInUseError(
         f"Namespace {options.namespace!r} in {store.describe()} already holds committed "
-        f"state of operator {operator!r} (latest completed checkpoint "
+        f"state of {who} (latest completed checkpoint "
         f"{committed.checkpoint_id}) and this job starts without a checkpoint or savepoint. "
         "Restore the job from its checkpoint/savepoint (execution.savepoint.path), or set "
         "state.backend.ndb.on-fresh-start to `resume` (continue from that checkpoint) or "
