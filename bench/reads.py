@@ -9,8 +9,10 @@ restores checkpoint 2 and commits 3 (another 10 % updated), so that the committe
 checkpoint's version ranges span two branches per key-group segment and many entries
 have an older version, as on a namespace a job has run on for a while.
 
-Then ONE client (pymysql, one connection, sequential, parameterised SQL, autocommit)
-reads random keys with the queries README documents (pyflink_ndb.stores.views): by
+Then ONE client (pymysql, one connection, sequential, parameterised SQL, autocommit;
+the floor and the primary-key read also from a client in C, MySQL Connector/Python's C
+extension, when the bench extra installed it) reads random keys with the queries README
+documents (pyflink_ndb.stores.views): by
 primary key on the state table, through the `<ns>_committed` view by primary key, by
 `kjson` through the view; and the package's own read path (`pyflink-ndb get`, i.e.
 `inspect.iter_entries`). Each after a warm-up; reads/s, p50, p99, p99.9. Every query's
@@ -298,7 +300,9 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
     conn = pymysql.connect(host=args["host"], port=args["port"], user=args["user"],
                            password=args["password"] or "", database=args["database"],
                            charset="utf8mb4", autocommit=True, binary_prefix=True)
+    cconn = c_client(args)
     out: dict[str, Any] = {"namespace": namespace, **filled, "queries": {},
+                           "c_client": None if cconn is None else c_client_name(),
                            "loadavg_before": list(os.getloadavg())}
     try:
         # The statistics InnoDB recalculates in the background after bulk writes, now (the
@@ -381,6 +385,17 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
              lambda i: (view_key.replace("kjson = %s", "key_text = %s"),
                         [OPERATOR, key_name(i)]), expect_key, ("s",), scan_reads),
         ]
+        if cconn is not None:
+            # The same two reads from a client in C: what the server allows one sequential
+            # connection, without pymysql's Python work per statement.
+            ccur = cconn.cursor()
+
+            def cfetch(sql: str, params: Sequence[Any]) -> list[Any]:
+                ccur.execute(sql, params)
+                return list(ccur.fetchall())
+            pk_query = queries[1]
+            queries += [(f"{label}_c", f"{text}; C client", (make, cfetch), check, (), count)
+                        for label, text, make, check, _, count in (queries[0], pk_query)]
         states = [infos[VALUE_STATE]]
 
         def get(i: int) -> Any:
@@ -393,6 +408,9 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
         readers: dict[str, Reader] = {}
         for label, text, make, check, tables, count in queries:
             entry: dict[str, Any] = {"what": text}
+            via = fetch
+            if isinstance(make, tuple):  # (make, the C client's fetch)
+                make, via = make
             if make is not None:
                 sql, params = make(picks[0])
                 entry["sql"] = sql
@@ -401,7 +419,7 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
                     entry["server"] = server_times(cur, sql, params,
                                                    repeat=3 if count < 100 else 20)
             reader = readers[label] = Reader(
-                get if make is None else (lambda i, make=make: fetch(*make(i))), check)
+                get if make is None else (lambda i, make=make, via=via: via(*make(i))), check)
             reader.warm(picks[:min(warmup, max(1, count // 10))])
             out["queries"][label] = entry
         counts = {label: q[5] for label, q in zip(readers, queries, strict=True)}
@@ -436,8 +454,34 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
         out["loadavg_after"] = list(os.getloadavg())
     finally:
         conn.close()
+        if cconn is not None:
+            cconn.close()
         store.close()
     return out
+
+
+def c_client(args: dict[str, Any]) -> Any:
+    """A connection of MySQL Connector/Python's C extension (`mysql-connector-python`,
+    the bench extra: its client library is in C, as most SQL clients' are), or None when
+    it is not installed or its extension does not load here (its 26.x wheels need OpenSSL
+    3.2; the bench extra pins 9.x)."""
+    try:
+        import mysql.connector
+        from mysql.connector import HAVE_CEXT
+    except ImportError:
+        return None
+    if not HAVE_CEXT:
+        return None
+    return mysql.connector.connect(host=args["host"], port=args["port"], user=args["user"],
+                                   password=args["password"] or "",
+                                   database=args["database"], autocommit=True,
+                                   use_pure=False)
+
+
+def c_client_name() -> str:
+    import mysql.connector
+
+    return f"mysql-connector-python {mysql.connector.__version__} (C extension)"
 
 
 def index_write_cost(mysql_url: str, namespace: str, entries: int = 20_000, rounds: int = 3,
@@ -503,6 +547,8 @@ LABELS = {
     "floor": "`SELECT 1` (floor: client + round trip)",
     "pk": "state table by primary key, ranges read once",
     "pk_ranges_view": "state table by primary key ⋈ `NS_committed_ranges`",
+    "floor_c": "`SELECT 1`, C client",
+    "pk_c": "state table by primary key, ranges read once, C client",
     "query_sql_pk": "`pyflink-ndb query --sql` filtered by primary key",
     "view_pk": "`NS_committed` by primary key",
     "view_kjson": "`NS_committed` by `kjson`",
@@ -520,7 +566,9 @@ def markdown(r: dict[str, Any]) -> list[str]:
              f"{r['rows']:,} state-table rows, committed through the checkpoint protocol "
              "(checkpoints 1-2 of one job, 3 of a job that restored 2). One pymysql "
              "connection, sequential, parameterised, autocommit; random keys after a "
-             f"warm-up. Server {r.get('server', '?')}; kjson index: "
+             "warm-up; the rows marked \"C client\": one connection of "
+             f"{r.get('c_client') or 'a C client (not installed in this run)'}. "
+             f"Server {r.get('server', '?')}; kjson index: "
              f"{'yes' if r.get('kjson_index') else 'no'}; load average "
              f"{r.get('loadavg_before', [0])[0]:.1f} before, "
              f"{r.get('loadavg_after', [0])[0]:.1f} after (other work on the machine "

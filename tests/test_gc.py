@@ -238,6 +238,26 @@ def test_ledger_learns_older_versions_once() -> None:
     assert fresh.complete and fresh.versions == ()
 
 
+def test_doubted_entries_are_read_from_the_store_again() -> None:
+    """A failed write may have committed some rows (VersionLedger.doubt): a known entry
+    becomes incomplete without losing its place or versions, an unknown one is added
+    incomplete, both are pending; learning the store's versions completes them."""
+    ledger = VersionLedger(max_entries=3)
+    ledger.record(REF, v(1), tombstone=False, only_own=True)
+    ledger.record(OTHER, v(1), tombstone=False, only_own=True)
+    ledger.pending.clear()
+    third = (5, 9, b"third")
+    ledger.doubt([REF, third])
+    entry = ledger.get(REF)
+    assert entry is not None and not entry.complete and entry.versions == (v(1),)
+    new = ledger.get(third)
+    assert new is not None and not new.complete and new.versions == ()
+    assert ledger.pending == {REF, third}
+    assert list(ledger._entries) == [REF, OTHER, third]  # REF kept its place
+    learned = ledger.learn(REF, [(v(1), False), (v(2), False)])
+    assert learned.complete and learned.versions == (v(1), v(2))
+
+
 def test_ledger_forgets_deleted_versions_and_old_entries() -> None:
     ledger = VersionLedger(max_entries=2)
     for epoch in (1, 2, 3):

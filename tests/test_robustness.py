@@ -16,6 +16,9 @@ import enum
 import math
 import pickle
 import socket
+import subprocess
+import sys
+import textwrap
 import zlib
 from typing import Any
 
@@ -42,7 +45,7 @@ from pyflink_ndb.errors import (
     ValueTooLargeError,
 )
 from pyflink_ndb.runtime.backend import BindInfo, SubtaskStateBackend
-from pyflink_ndb.serialization.keys import MAX_KEY_DEPTH, encode_key
+from pyflink_ndb.serialization.keys import MAX_KEY_DEPTH, decode_key, encode_key
 from pyflink_ndb.stores import StateStore
 from pyflink_ndb.stores.base import CHUNK_BYTES, MAX_UKEY_BYTES
 from pyflink_ndb.testing import LocalSubtask, ManualClock
@@ -764,6 +767,146 @@ def test_deeply_nested_key_fails_with_serialization_error(store_factory, local_d
     job.crash()
     job = Job(store, NdbStateOptions(), local_dir, restored=1)
     assert job.read(deepest) == {"value": (7, deepest), "list": [7], "map": {7: [7, deepest]}}
+
+
+def test_named_row_key_at_max_depth_is_accepted(store_factory, local_dir):
+    """A named Row's field names belong to the Row's own level: MAX_KEY_DEPTH containers
+    ending in a named Row are accepted, as they are with a positional Row."""
+    key: Any = Row(a=1)
+    for _ in range(MAX_KEY_DEPTH - 1):
+        key = (key,)  # MAX_KEY_DEPTH containers in all
+    assert decode_key(encode_key(key)) == key
+    job = Job(store_factory("sqlite"), NdbStateOptions(), local_dir)
+    job.write(key, 1)
+    assert job.read(key)["value"] == (1, key)
+    with pytest.raises(SerializationError, match=f"more than {MAX_KEY_DEPTH} levels"):
+        encode_key((key,))
+
+
+@pytest.mark.parametrize("row", [Row("a", "a")(1, 2), Row(1, 2)(3, 4)],
+                         ids=["repeated-names", "non-string-names"])
+def test_a_row_key_whose_names_cannot_come_back_is_refused(store_factory, local_dir, row):
+    """A Row key comes back as Row(**fields): repeated field names would be dropped
+    (Row(a=1, a=2) read back as Row(a=2)) and names that are not strings cannot be
+    keywords. Such a key is refused at put, and nothing changes."""
+    job = Job(store_factory("sqlite"), NdbStateOptions(), local_dir)
+    job.t.key("k")
+    job.map.put("x", 1)
+    with pytest.raises(SerializationError, match="must be distinct strings"):
+        job.map.put(row, "v")
+    with pytest.raises(SerializationError, match="must be distinct strings"):
+        job.t.key(row)
+    job.t.key("k")
+    assert dict(job.map.items()) == {"x": 1}
+
+
+def test_a_map_key_nested_a_million_levels_is_refused_not_a_crash():
+    """CPython's tuple hash recurses without a limit: hashing the key before the encoder's
+    depth check killed the interpreter (SIGSEGV). The key is refused like any key deeper
+    than MAX_KEY_DEPTH; an unhashable map key is still a TypeError, as in a dict."""
+    code = textwrap.dedent("""
+        from pyflink_ndb.errors import SerializationError
+        from pyflink_ndb.serialization.keys import encode_map_key
+        key = 1
+        for _ in range(1_000_000):
+            key = (key,)
+        try:
+            encode_map_key(key)
+        except SerializationError:
+            print("refused")
+        for bad in ([1], {"a": 1}, (1, [2]), ({},)):
+            try:
+                encode_map_key(bad)
+            except TypeError:
+                print("unhashable")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split() == ["refused"] + ["unhashable"] * 4
+
+
+# -- a failed write's rows that are committed anyway -------------------------------------
+def test_a_removed_value_stays_removed_after_a_partly_committed_failed_write(store_factory,
+                                                                           local_dir):
+    """MySQL commits an epoch batch by batch: a write that fails after its first batch
+    leaves rows of its version behind. The ledger knew the entry completely before; it
+    must read the entry's versions from the store again (VersionLedger.doubt), or the
+    collection of a later tombstone and of the older versions leaves the failed epoch's
+    row as the entry's value (found by a breaker: the running job and a restore of
+    checkpoint 6 read 'X' again)."""
+    options = NdbStateOptions(cache_max_entries=1, local_enabled=False, write_batch_rows=1,
+                              checkpoints_retained=1)
+    store = store_factory("mysql")
+    store.write_batch_rows = 1
+    job = Job(store, options, local_dir)
+    job.t.key("a")
+    job.value.update("A")
+    job.t.key("b")
+    job.value.update("B0")
+    job.checkpoint(1)
+    job.t.key("a")
+    job.value.update("X")  # committed at checkpoint 2's version, then the write fails
+    job.t.key("b")
+    job.value.update("B1")
+    real = writes_of(job)._replace_state_rows
+    fail_after(writes_of(job), 1)
+    with pytest.raises(CheckpointError):
+        job.checkpoint(2)
+    job.t.abort(2)
+    writes_of(job)._replace_state_rows = real  # type: ignore[method-assign]
+    job.t.key("a")
+    job.value.clear()
+    job.checkpoint(3)
+    for cid in (4, 5, 6):  # checkpoints 1 and 3 fall out of retention; GC runs
+        job.t.key("c")
+        job.value.update(cid)
+        job.checkpoint(cid)
+    job.t.key("a")
+    assert job.value.value() is None, "the running job sees a removed value again"
+    job.crash()
+    job = Job(store, options, local_dir, restored=6)
+    job.t.key("a")
+    assert job.value.value() is None, "checkpoint 6 restores a removed value"
+
+
+def test_a_removed_value_stays_removed_after_the_snapshot_row_failed(store_factory, local_dir):
+    """The same on SQLite: every row of epoch 2 is committed, then the snapshot row's
+    insert fails; the removed value must not come back once checkpoints 1 and 3 leave
+    retention and garbage collection runs."""
+    options = NdbStateOptions(cache_max_entries=1, local_enabled=False,
+                              checkpoints_retained=1)
+    store = store_factory("sqlite")
+    job = Job(store, options, local_dir)
+    job.t.key("a")
+    job.value.update("A")
+    job.checkpoint(1)
+    job.t.key("a")
+    job.value.update("X")
+    wstore = writes_of(job)
+    real = wstore.insert_snapshot
+
+    def fail(*args, **kwargs):
+        raise OSError("injected: connection reset before the snapshot row")
+
+    wstore.insert_snapshot = fail  # type: ignore[method-assign]
+    with pytest.raises(CheckpointError):
+        job.checkpoint(2)
+    job.t.abort(2)
+    wstore.insert_snapshot = real  # type: ignore[method-assign]
+    job.t.key("a")
+    job.value.clear()
+    job.checkpoint(3)
+    for cid in (4, 5, 6):
+        job.t.key("c")
+        job.value.update(cid)
+        job.checkpoint(cid)
+    job.t.key("a")
+    assert job.value.value() is None, "the running job sees a removed value again"
+    job.crash()
+    job = Job(store, options, local_dir, restored=6)
+    job.t.key("a")
+    assert job.value.value() is None, "checkpoint 6 restores a removed value"
 
 
 # -- odd values ----------------------------------------------------------------------------

@@ -196,6 +196,24 @@ class VersionLedger:
                 self.forgot = True
             pending(ref)
 
+    def doubt(self, refs: Iterable[EntryRef]) -> None:
+        """A write of these entries failed, perhaps after some of its rows were committed
+        (a MySQL-protocol store commits an epoch batch by batch; SQLite all rows before the
+        snapshot row): their versions in the store are no longer known. Each becomes
+        incomplete (unknown ones are added so), and pending, so that garbage collection
+        reads its versions from the store before it decides anything. Without this an
+        entry the ledger knew completely missed the failed epoch's version: when a later
+        tombstone and the older versions were collected, that orphan row became the
+        entry's visible value again (tests/test_gc.py)."""
+        entries = self._entries
+        for ref in refs:
+            entry = entries.get(ref)
+            if entry is None:
+                self._put(ref, _EMPTY[False])
+            elif entry[2]:
+                entries[ref] = entry[0], entry[1], False  # no write: it keeps its place
+            self.pending.add(ref)
+
     def get(self, ref: EntryRef) -> EntryVersions | None:
         """The known versions of `ref`; None: this attempt wrote none (or forgot it)."""
         stored = self._entries.get(ref)

@@ -445,8 +445,10 @@ class CheckpointProtocol:
                 between()
             self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
         except BaseException as err:
-            # Some rows may be committed without the ledger knowing them: from now on a
-            # new entry's versions are read from the store before garbage collection.
+            # Some rows may be committed without the ledger knowing them: the epoch's
+            # entries are read from the store before garbage collection, and (to be
+            # safe) so is every new entry from now on.
+            self.ledger.doubt((row[0], row[1], row[2]) for row in rows)
             self.ledger.forgot = True
             if isinstance(err, (ValueTooLargeError, CheckpointError, WriteCancelled)) or not \
                     isinstance(err, Exception):

@@ -124,10 +124,17 @@ def _encode(value: Any, out: bytearray, depth: int = 0) -> None:
         parts = sorted(bytes(_encode_to(item, depth)) for item in value)
         out += b"z" + _varint(len(parts)) + b"".join(parts)
     elif _is_row(value):
-        names = value._fields if getattr(value, "_fields", None) else None
+        names = tuple(value._fields) if getattr(value, "_fields", None) else None
+        if names is not None and (len(set(names)) != len(names) or not all(
+                type(n) is str for n in names)):
+            # Decoding rebuilds the Row as Row(**fields): it would drop a repeated name
+            # and cannot take a name that is not a string.
+            raise SerializationError(
+                f"Cannot use a Row with field names {names!r} in a state key: the names "
+                "must be distinct strings. Rename the fields, or use a positional Row.")
         out += b"r" + bytes([value.get_row_kind().value]) + _varint(len(value))
+        _encode(names, out, depth)  # the names belong to the Row's own level
         depth = _deeper(depth)
-        _encode(tuple(names) if names else None, out, depth)
         for item in value:
             _encode(item, out, depth)
     elif isinstance(value, _SCALAR_PICKLE_TYPES):
@@ -143,9 +150,14 @@ def _encode(value: Any, out: bytearray, depth: int = 0) -> None:
             "date/time and Decimal (and nestings of them). Convert the key to one of these.")
 
 
+class _TooDeep(SerializationError):
+    """A key nested more than :data:`MAX_KEY_DEPTH` containers deep (see
+    :func:`encode_map_key`, which must not hash such a key)."""
+
+
 def _deeper(depth: int) -> int:
     if depth >= MAX_KEY_DEPTH:
-        raise SerializationError(
+        raise _TooDeep(
             f"A state key is nested more than {MAX_KEY_DEPTH} levels deep; use a flatter key.")
     return depth + 1
 
@@ -177,15 +189,30 @@ def encode_map_key(value: Any) -> bytes:
     """Canonical bytes of a `MapState` user key, which must be hashable like a dict key.
 
     :raises TypeError: the key is unhashable (list, dict, set, ...), as `dict` would raise.
-    :raises SerializationError: the type is not supported as a key.
+    :raises SerializationError: the type is not supported as a key, or the key is nested
+        more than :data:`MAX_KEY_DEPTH` containers deep.
     """
+    # Encoded first: hashing a tuple nested a million levels deep overflows the C stack
+    # (CPython's tuple hash recurses without a limit), while the encoder stops at the
+    # depth limit. Hashability is then checked as a dict would check it.
+    try:
+        encoded = encode_key(value)
+    except _TooDeep:
+        raise
+    except SerializationError:
+        _require_hashable(value)  # an unhashable type is a TypeError, as in a dict
+        raise
+    _require_hashable(value)
+    return encoded
+
+
+def _require_hashable(value: Any) -> None:
     try:
         hash(value)
     except TypeError as err:
         raise TypeError(
             f"unhashable type as MapState key: {type(value).__name__!r}; use a hashable key "
             "(tuple instead of list, frozenset instead of set)") from err
-    return encode_key(value)
 
 
 def _decode(data: bytes, pos: int) -> tuple[Any, int]:
