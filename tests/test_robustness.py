@@ -814,16 +814,22 @@ def test_a_map_key_nested_a_million_levels_is_refused_not_a_crash():
             encode_map_key(key)
         except SerializationError:
             print("refused")
-        for bad in ([1], {"a": 1}, (1, [2]), ({},)):
+        for bad in ([1], {"a": 1}, (1, [2]), {1}):
             try:
                 encode_map_key(bad)
             except TypeError:
                 print("unhashable")
+        class Opaque:  # hashable, but no key type: never hashed with what follows it
+            pass
+        try:
+            encode_map_key((Opaque(), key))
+        except SerializationError:
+            print("refused")
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert done.stdout.split() == ["refused"] + ["unhashable"] * 4
+    assert done.stdout.split() == ["refused"] + ["unhashable"] * 4 + ["refused"]
 
 
 # -- a failed write's rows that are committed anyway -------------------------------------

@@ -194,14 +194,15 @@ def encode_map_key(value: Any) -> bytes:
     """
     # Encoded first: hashing a tuple nested a million levels deep overflows the C stack
     # (CPython's tuple hash recurses without a limit), while the encoder stops at the
-    # depth limit. Hashability is then checked as a dict would check it.
+    # depth limit; a key it encoded is shallow enough to hash, as a dict would.
     try:
         encoded = encode_key(value)
     except _TooDeep:
         raise
     except SerializationError:
-        _require_hashable(value)  # an unhashable type is a TypeError, as in a dict
-        raise
+        if type(value).__hash__ is None:  # a dict, a set: unhashable as in a dict
+            _require_hashable(value)
+        raise  # not hashed: its unread part may be nested without limit
     _require_hashable(value)
     return encoded
 
