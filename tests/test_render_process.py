@@ -85,6 +85,45 @@ def test_a_value_over_one_chunk_renders_its_chunks() -> None:
     assert len(rendered[0]) == 2 and rendered == _in_writer(3, rows, {})
 
 
+def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child gets SLICE_ROWS rows per request (its memory is one slice's, not the
+    epoch's): the slices' replies join in row order, and a row only this interpreter can
+    unpickle, in any slice, is rendered here at its own index."""
+    import pyflink_ndb.stores.render_process as render_process
+
+    module = types.ModuleType("pfn_slices_only_here")
+
+    class Opaque(list):
+        __module__ = module.__name__
+    Opaque.__qualname__ = "Opaque"
+    module.Opaque = Opaque  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 4)
+    rows = []
+    for i in range(11):  # three slices: 4 + 4 + 3
+        value = Opaque([i]) if i in (2, 5, 10) else {"i": i}
+        data = None if i == 7 else encode_value(value)
+        rows.append(WriteRow(i % 4, 1, encode_key(f"k{i:02}"), data is None, data, None,
+                             None, None))
+    process = RenderProcess("test")
+    sizes: list[int] = []
+    request = process._request
+
+    def counted(version, part, renderers, between):
+        sizes.append(len(part))
+        return request(version, part, renderers, between)
+    monkeypatch.setattr(process, "_request", counted)
+    try:
+        rendered = process.render(9, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                                  lambda ukey: key_prefix_json(ukey)[1])
+    finally:
+        process.close()
+    assert sizes == [4, 4, 3]
+    assert process.fallbacks == 0 and process.starts == 1
+    assert rendered == _in_writer(9, rows, {})
+
+
 # -- a subtask with the option ------------------------------------------------------------
 
 def _options(url: str, namespace: str, **extra) -> NdbStateOptions:

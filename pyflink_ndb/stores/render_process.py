@@ -13,7 +13,8 @@ statements itself as before (fenced, in bounded transactions, by
 The text is the same as the writer's own rendering: both call :func:`render_rows`.
 
 Protocol: frames of an 8-byte big-endian length and a pickle on the child's stdin and
-stdout; a request is `(version, rows, renderers)` (rows as the tuples of :class:`WriteRow`
+stdout, one request and its reply at a time, :data:`SLICE_ROWS` rows of the epoch per
+request; a request is `(version, rows, renderers)` (rows as the tuples of :class:`WriteRow`
 without JSON,
 :class:`JsonRenderer` by state id), a reply `(rendered, undecodable)`: per row the
 rendered database rows, and the indexes of the rows whose value the child could not
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 MAX_STARTS = 3
 #: Seconds between two checks of the writer's cancellation while it waits for the child.
 POLL_SECONDS = 0.05
+#: Rows per request: an epoch is rendered in slices, so that the child holds one slice's
+#: request and reply at a time instead of the whole epoch's (its memory no longer grows
+#: with the largest epoch it rendered).
+SLICE_ROWS = 2_000
 _HEADER = struct.Struct(">Q")
 #: Started as `python -c BOOTSTRAP <package folder>`: a stub of the top-level package keeps
 #: `pyflink_ndb/__init__.py` (which imports PyFlink) from running in the child, and the
@@ -177,16 +182,14 @@ class RenderProcess:
         if not self.usable:
             return None
         try:
-            child = self._start()
-            # Plain tuples: pickling a named tuple calls back into Python for every row.
-            frame = pickle.dumps((version, list(map(tuple, rows)), dict(renderers)),
-                                 protocol=5)
-            assert child.stdin is not None
-            child.stdin.write(_HEADER.pack(len(frame)))
-            child.stdin.write(frame)
-            child.stdin.flush()
-            (size,) = _HEADER.unpack(self._read(_HEADER.size, between))
-            rendered, undecodable = pickle.loads(self._read(size, between))
+            rendered: Rendered = []
+            undecodable: list[int] = []
+            states = dict(renderers)
+            for start in range(0, len(rows), SLICE_ROWS):
+                part, skipped = self._request(version, rows[start:start + SLICE_ROWS],
+                                              states, between)
+                rendered += part
+                undecodable += (start + index for index in skipped)
         except (RenderProcessError, OSError, EOFError, pickle.UnpicklingError,
                 ValueError) as err:
             self._stop()
@@ -209,6 +212,22 @@ class RenderProcess:
                                for p in row_params(version, full)]
         self.rendered_epochs += 1
         return rendered  # type: ignore[no-any-return]
+
+    def _request(self, version: int, rows: Sequence[WriteRow],
+                 renderers: dict[int, JsonRenderer], between: Callable[[], None] | None
+                 ) -> tuple[Rendered, list[int]]:
+        """One request frame to the child and its reply: the rendered rows of `rows` and
+        the indexes (within `rows`) of those it could not decode."""
+        child = self._start()
+        # Plain tuples: pickling a named tuple calls back into Python for every row.
+        frame = pickle.dumps((version, list(map(tuple, rows)), renderers), protocol=5)
+        assert child.stdin is not None
+        child.stdin.write(_HEADER.pack(len(frame)))
+        child.stdin.write(frame)
+        child.stdin.flush()
+        (size,) = _HEADER.unpack(self._read(_HEADER.size, between))
+        rendered, undecodable = pickle.loads(self._read(size, between))
+        return rendered, undecodable
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self._child is not None and self._child.poll() is None:
