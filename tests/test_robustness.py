@@ -833,6 +833,26 @@ def test_a_map_key_nested_a_million_levels_is_refused_not_a_crash():
 
 
 # -- a failed write's rows that are committed anyway -------------------------------------
+def _remove_a_then_check_it_stays_removed(job: Job, store: StateStore,
+                                          options: NdbStateOptions, local_dir: str) -> None:
+    """After a failed checkpoint 2 wrote "a": remove "a" in checkpoint 3, let checkpoints 1
+    and 3 fall out of retention (garbage collection runs), then "a" must read as removed in
+    the running job and after a restore of checkpoint 6."""
+    job.t.key("a")
+    job.value.clear()
+    job.checkpoint(3)
+    for cid in (4, 5, 6):
+        job.t.key("c")
+        job.value.update(cid)
+        job.checkpoint(cid)
+    job.t.key("a")
+    assert job.value.value() is None, "the running job sees a removed value again"
+    job.crash()
+    job = Job(store, options, local_dir, restored=6)
+    job.t.key("a")
+    assert job.value.value() is None, "checkpoint 6 restores a removed value"
+
+
 def test_a_removed_value_stays_removed_after_a_partly_committed_failed_write(store_factory,
                                                                            local_dir):
     """MySQL commits an epoch batch by batch: a write that fails after its first batch
@@ -861,19 +881,7 @@ def test_a_removed_value_stays_removed_after_a_partly_committed_failed_write(sto
         job.checkpoint(2)
     job.t.abort(2)
     writes_of(job)._replace_state_rows = real  # type: ignore[method-assign]
-    job.t.key("a")
-    job.value.clear()
-    job.checkpoint(3)
-    for cid in (4, 5, 6):  # checkpoints 1 and 3 fall out of retention; GC runs
-        job.t.key("c")
-        job.value.update(cid)
-        job.checkpoint(cid)
-    job.t.key("a")
-    assert job.value.value() is None, "the running job sees a removed value again"
-    job.crash()
-    job = Job(store, options, local_dir, restored=6)
-    job.t.key("a")
-    assert job.value.value() is None, "checkpoint 6 restores a removed value"
+    _remove_a_then_check_it_stays_removed(job, store, options, local_dir)
 
 
 def test_a_removed_value_stays_removed_after_the_snapshot_row_failed(store_factory, local_dir):
@@ -900,19 +908,7 @@ def test_a_removed_value_stays_removed_after_the_snapshot_row_failed(store_facto
         job.checkpoint(2)
     job.t.abort(2)
     wstore.insert_snapshot = real  # type: ignore[method-assign]
-    job.t.key("a")
-    job.value.clear()
-    job.checkpoint(3)
-    for cid in (4, 5, 6):
-        job.t.key("c")
-        job.value.update(cid)
-        job.checkpoint(cid)
-    job.t.key("a")
-    assert job.value.value() is None, "the running job sees a removed value again"
-    job.crash()
-    job = Job(store, options, local_dir, restored=6)
-    job.t.key("a")
-    assert job.value.value() is None, "checkpoint 6 restores a removed value"
+    _remove_a_then_check_it_stays_removed(job, store, options, local_dir)
 
 
 # -- odd values ----------------------------------------------------------------------------
