@@ -540,11 +540,14 @@ def start_sequence_job(env: Any, kind: str, key_selector: Any, function: Any, op
     return client, job_id, submitted, time.time()
 
 
-def variant_suffix(or_terms: int | None, render_process: bool) -> tuple[str, str]:
-    """(key suffix, label suffix) of a checkpoint-job variant."""
+def variant_suffix(kind: str, write_async: bool | None, or_terms: int | None,
+                   render_process: bool) -> tuple[str, str]:
+    """(key suffix, label suffix) of a checkpoint-job variant (`write.render-process` is
+    named in the label where it applies: MariaDB with `write.async`)."""
     key = (f"/or{or_terms}" if or_terms else "") + ("/render" if render_process else "")
-    label = ((f", {or_terms} OR-terms (experiment)" if or_terms else "")
-             + (", write.render-process" if render_process else ""))
+    label = f", {or_terms} OR-terms (experiment)" if or_terms else ""
+    if kind == "ndb-mariadb" and write_async:
+        label += f", write.render-process={'true' if render_process else 'false'}"
     return key, label
 
 
@@ -559,7 +562,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
 
     from bench.functions import ModuloKey, RateCounter
 
-    key_suffix, label_suffix = variant_suffix(or_terms, render_process)
+    key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, render_process)
     tag = (run_key(kind, write_async) + key_suffix).replace("/", "-")
     work = WORK / "checkpoint-job" / tag
     shutil.rmtree(work, ignore_errors=True)
@@ -570,8 +573,8 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     options = ndb_options(url, namespace)
     if write_async is not None:
         options["state.backend.ndb.write.async"] = "true" if write_async else "false"
-        if render_process:
-            options["state.backend.ndb.write.render-process"] = "true"
+        options["state.backend.ndb.write.render-process"] = (
+            "true" if render_process else "false")
         drop_namespace(url, namespace)
     extra = flink_extra(kind, work / "checkpoints")
     if kind == "rocksdb":  # RocksDB's best case here: only new SST files per checkpoint
@@ -658,7 +661,8 @@ def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: i
         log("checkpoint job: an untimed warm-up run")
         pause_job("hashmap", None, 5, mysql_url, parallelism)
     for kind, write_async, or_terms, render_process in job_kinds:
-        key_suffix, label_suffix = variant_suffix(or_terms, render_process)
+        key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms,
+                                                  render_process)
         log(f"checkpoint job: {run_label(kind, write_async)}{label_suffix}, "
             f"{duration_s:.0f} s")
         r = pause_job(kind, write_async, duration_s, mysql_url, parallelism, or_terms,

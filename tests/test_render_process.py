@@ -8,6 +8,8 @@ import pickle
 import sys
 import types
 from collections.abc import Iterator
+from contextlib import closing
+from itertools import chain
 from pathlib import Path
 
 import pytest
@@ -108,20 +110,86 @@ def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
                              None, None))
     process = RenderProcess("test")
     sizes: list[int] = []
-    request = process._request
+    send = process._send
 
-    def counted(version, part, renderers, between):
+    def counted(version, part, renderers):
         sizes.append(len(part))
-        return request(version, part, renderers, between)
-    monkeypatch.setattr(process, "_request", counted)
+        return send(version, part, renderers)
+    monkeypatch.setattr(process, "_send", counted)
     try:
-        rendered = process.render(9, rows, {}, lambda sid, v: PLAIN_JSON(v),
-                                  lambda ukey: key_prefix_json(ukey)[1])
+        rendered = _slices(process, 9, rows)
     finally:
         process.close()
     assert sizes == [4, 4, 3]
-    assert process.fallbacks == 0 and process.starts == 1
+    assert process.fallbacks == 0 and process.starts == 1 and process.rendered_epochs == 1
     assert rendered == _in_writer(9, rows, {})
+
+
+def _slices(process: RenderProcess, version: int, rows: list[WriteRow]) -> list[list[bytes]]:
+    with closing(process.slices(version, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                                lambda ukey: key_prefix_json(ukey)[1])) as slices:
+        return list(chain.from_iterable(slices))
+
+
+def _numbered_rows(n: int) -> list[WriteRow]:
+    return [WriteRow(i % 4, 1, encode_key(f"k{i:03}"), False, encode_value({"i": i}), None,
+                     None, None) for i in range(n)]
+
+
+def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pipelining: when the writer gets a slice, the next one is already on its way to the
+    child; a generator closed with that request in flight stops the child (its reply would
+    be stale), and the next epoch starts a fresh one that renders correctly."""
+    import pyflink_ndb.stores.render_process as render_process
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 4)
+    rows = _numbered_rows(10)
+    process = RenderProcess("test")
+    sent: list[int] = []
+    send = process._send
+
+    def counted(version, part, renderers):
+        sent.append(len(part))
+        return send(version, part, renderers)
+    monkeypatch.setattr(process, "_send", counted)
+    try:
+        slices = process.slices(5, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                                lambda ukey: key_prefix_json(ukey)[1])
+        first = next(slices)
+        assert first == _in_writer(5, rows[:4], {})
+        assert sent == [4, 4]  # the second slice was sent before the first was handed over
+        slices.close()
+        assert process._child is None and process.fallbacks == 0
+        assert _slices(process, 6, rows) == _in_writer(6, rows, {})
+        assert process.starts == 2 and process.rendered_epochs == 1
+    finally:
+        process.close()
+
+
+def test_a_child_that_dies_mid_epoch_leaves_the_rest_to_the_writer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child is killed after its first reply: the slices it had not rendered yet are
+    rendered by the writer, with the same text, and the next epoch gets a new child."""
+    import pyflink_ndb.stores.render_process as render_process
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 4)
+    rows = _numbered_rows(11)
+    process = RenderProcess("test")
+    try:
+        out: list[list[bytes]] = []
+        with closing(process.slices(3, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                                    lambda ukey: key_prefix_json(ukey)[1])) as slices:
+            for index, part in enumerate(slices):
+                out += part
+                if index == 0:
+                    assert process._child is not None
+                    process._child.kill()
+                    process._child.wait()
+        assert out == _in_writer(3, rows, {})
+        assert process.fallbacks == 1 and process.rendered_epochs == 0
+        assert _slices(process, 4, rows) == _in_writer(4, rows, {})
+        assert process.starts == 2 and process.rendered_epochs == 1
+    finally:
+        process.close()
 
 
 # -- a subtask with the option ------------------------------------------------------------

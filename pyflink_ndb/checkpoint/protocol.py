@@ -23,8 +23,9 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from pyflink_ndb.checkpoint.gc import Deletion, EntryRef, VersionLedger, versions_to_keep
 from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job, Outcome, Preempted, WriteCancelled
@@ -436,11 +437,11 @@ class CheckpointProtocol:
         version = version_of(self.branch, checkpoint_id)
         started = time.perf_counter()
         between = None if self.writer.inline else self.writer.check_cancelled
-        rows, rendered = self._render(frozen, version, between)
+        rows, slices = self._render(frozen, version, between)
         try:
-            written = self.wstore.write_versions(fence, version, rows,
-                                                 self.options.value_max_bytes, between,
-                                                 rendered=rendered)
+            written = self.wstore.write_versions(
+                fence, version, rows, self.options.value_max_bytes, between,
+                rendered=None if slices is None else chain.from_iterable(slices))
             if between is not None:
                 between()
             self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
@@ -456,6 +457,9 @@ class CheckpointProtocol:
             raise CheckpointError(
                 f"Checkpoint {checkpoint_id} of {self.scope.operator!r} could not be "
                 f"written to {self.wstore.describe()}: {err}") from err
+        finally:
+            if slices is not None:
+                slices.close()
         lineage = self.lineage
         assert lineage is not None
         self.ledger.record_epoch(
@@ -474,17 +478,17 @@ class CheckpointProtocol:
         return written
 
     def _render(self, frozen: FrozenEpoch, version: int, between: Callable[[], None] | None
-                ) -> tuple[list[WriteRow], Rendered | None]:
-        """Writer thread: the rows of `frozen`, and their SQL literals when the render
-        process made them (`write.render-process`; None: the store renders them)."""
+                ) -> tuple[list[WriteRow], Generator[Rendered, None, None] | None]:
+        """Writer thread: the rows of `frozen`, and, when the render process renders them
+        (`write.render-process`), the generator of their SQL literals slice by slice
+        (:meth:`RenderProcess.slices`; the caller closes it); None: the store renders
+        them from the rows' JSON, made here."""
         process = self._render_process()
-        if process is not None:
-            rows = self.table.render(frozen, None, between)
-            rendered = process.render(version, rows, self._json_renderers, self._json_of,
-                                      self.table.key_json, between)
-            if rendered is not None:
-                return rows, rendered
-        return self.table.render(frozen, self._json_of, between), None
+        if process is None:
+            return self.table.render(frozen, self._json_of, between), None
+        rows = self.table.render(frozen, None, between)
+        return rows, process.slices(version, rows, self._json_renderers, self._json_of,
+                                    self.table.key_json, between)
 
     def _render_process(self) -> RenderProcess | None:
         """The render process, created at the first epoch that may use it; None without

@@ -820,65 +820,78 @@ class StateStore(ABC):
     def write_versions(self, fence: Fence, version: int, rows: Iterable[WriteRow],
                        value_max_bytes: int | None = None,
                        between: Callable[[], None] | None = None,
-                       rendered: Sequence[Sequence[bytes]] | None = None) -> int:
+                       rendered: Iterable[Sequence[bytes]] | None = None) -> int:
         """Write entries as `version` (idempotent upserts), fenced, and commit.
 
         Every row is checked first (:meth:`check_sizes`) before anything is written. Rows
         go in transactions of at most `write_batch_rows` rows and :data:`MAX_BATCH_BYTES`
-        bytes, each of which first checks the fence. Returns the number of database rows
-        written; returns only when every row is committed. `between()` is called before
-        each transaction (the background writer's cancellation point; it may raise).
+        bytes, each of which first checks the fence; each transaction is sent as soon as
+        its rows are rendered (the epoch's rendered rows are never all held at once).
+        Returns the number of database rows written; returns only when every row is
+        committed. `between()` is called before each transaction (the background
+        writer's cancellation point; it may raise).
 
-        `rendered` (stores with :attr:`renders_literals` only): per row of `rows`, its
-        database rows already rendered as SQL literals (:func:`row_params` and
-        `render_state_row`, by the render process); None: rendered here. A rendered row
-        counts half its characters against :data:`MAX_BATCH_BYTES` (hex literals).
+        `rendered` (stores with :attr:`renders_literals` only): per row of `rows`, in
+        order, its database rows already rendered as SQL literals (:func:`row_params` and
+        `render_state_row`, by the render process), consumed as the rows are written (an
+        iterator lets the render process render the next rows meanwhile); None: rendered
+        here. A rendered row counts half its characters against :data:`MAX_BATCH_BYTES`
+        (hex literals).
 
         :raises FencedError: the branch no longer owns its key groups.
         :raises ValueTooLargeError: see :meth:`check_sizes`.
         :raises StoreUnavailableError: retries spent.
+        :raises ValueError: `rendered` has fewer or more rows than `rows`.
         """
         if not isinstance(rows, Sequence):
             rows = list(rows)  # checked in full before the first write
         self.check_sizes(rows, value_max_bytes, f"version {version}")
-        sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, version, chunk, "
-               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) VALUES ")
-        batches: list[list[tuple[Any, ...]]] = [[]]
-        batch_bytes = 0
         if rendered is not None and not self.renders_literals:
             raise TypeError(f"{type(self).__name__} does not take rows rendered as literals")
-        for index, row in enumerate(rows):
-            items: Iterable[Any] = (self._row_params(version, row) if rendered is None
-                                    else rendered[index])
+        sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, version, chunk, "
+               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) VALUES ")
+        literals = None if rendered is None else iter(rendered)
+        batch: list[Any] = []
+        batch_bytes = 0
+        written = 0
+        for row in rows:
+            items: Iterable[Any]
+            if literals is None:
+                items = self._row_params(version, row)
+            else:
+                items = next(literals, None)  # type: ignore[arg-type]
+                if items is None:
+                    raise ValueError(f"version {version}: fewer rendered rows than rows")
             for params in items:
-                size = (len(params) // 2 if rendered is not None else
+                size = (len(params) // 2 if literals is not None else
                         len(params[2]) + len(params[9] or b"") + len(params[10] or "")
                         + len(params[11] or ""))
-                current = batches[-1]
-                if current and self.commit_each_batch and (
-                        len(current) >= self.write_batch_rows
+                if batch and self.commit_each_batch and (
+                        len(batch) >= self.write_batch_rows
                         or batch_bytes + size > MAX_BATCH_BYTES):
-                    batches.append([])
+                    written += self._write_batch(fence, sql, batch, between)
+                    batch = []
                     batch_bytes = 0
-                batches[-1].append(params)
+                batch.append(params)
                 batch_bytes += size
-        written = 0
-        for batch in batches:
-            if not batch:
-                continue
-            if between is not None:
-                between()
-            if self.commit_each_batch:
-                def one(b: list[tuple[Any, ...]] = batch) -> None:
-                    self._replace_state_rows(sql, b)
-                self._txn("write versions", one, fence)
-            else:
-                def all_in_one(b: list[tuple[Any, ...]] = batch) -> None:
-                    for start in range(0, len(b), self.write_batch_rows):
-                        self._replace_state_rows(sql, b[start:start + self.write_batch_rows])
-                self._txn("write versions", all_in_one, fence)
-            written += len(batch)
+        if batch:
+            written += self._write_batch(fence, sql, batch, between)
+        if literals is not None and next(literals, None) is not None:
+            raise ValueError(f"version {version}: more rendered rows than rows")
         return written
+
+    def _write_batch(self, fence: Fence, sql: str, batch: list[Any],
+                     between: Callable[[], None] | None) -> int:
+        """One fenced transaction of :meth:`write_versions`: `batch` in statements of at
+        most `write_batch_rows` rows (one statement when each batch commits on its own)."""
+        if between is not None:
+            between()
+
+        def work() -> None:
+            for start in range(0, len(batch), self.write_batch_rows):
+                self._replace_state_rows(sql, batch[start:start + self.write_batch_rows])
+        self._txn("write versions", work, fence)
+        return len(batch)
 
     def delete_exact(self, fence: Fence | None, deletions: Sequence[Any]) -> int:
         """Delete whole versions: each deletion names (key_group, state_id, ukey, version);

@@ -10,21 +10,26 @@ process of its own, which runs on another core: the writer sends the epoch's row
 (pickled, C code), waits for the rendered text without holding the lock, and executes the
 statements itself as before (fenced, in bounded transactions, by
 :meth:`StateStore.write_versions <pyflink_ndb.stores.base.StateStore.write_versions>`).
-The text is the same as the writer's own rendering: both call :func:`render_rows`.
+The text is the same as the writer's own rendering: both call :func:`render_row`.
+
+Pipeline: the epoch goes to the child in slices of :data:`SLICE_ROWS` rows; once a
+slice's reply is read, the next slice is sent, and the child renders it while the writer
+executes the statements of the slice it just got (:meth:`RenderProcess.slices`). The child
+holds one slice, the writer at most two slices' rendered text, whatever the epoch's size.
 
 Protocol: frames of an 8-byte big-endian length and a pickle on the child's stdin and
-stdout, one request and its reply at a time, :data:`SLICE_ROWS` rows of the epoch per
-request; a request is `(version, rows, renderers)` (rows as the tuples of :class:`WriteRow`
-without JSON,
-:class:`JsonRenderer` by state id), a reply `(rendered, undecodable)`: per row the
+stdout, one request and its reply at a time (a request is sent only after the previous
+reply was read in full, so neither side blocks on a full pipe while the other writes); a
+request is `(version, rows, renderers)` (rows as the tuples of :class:`WriteRow` without
+JSON, :class:`JsonRenderer` by state id), a reply `(rendered, undecodable)`: per row the
 rendered database rows, and the indexes of the rows whose value the child could not
 unpickle (a class that only the TaskManager's interpreter can import), which the writer
 renders itself, so the JSON column is the same as without the process.
 
 Life cycle: the child starts at the first epoch. A child that fails (exits, closes its
-output, answers garbage) is stopped and the epoch is rendered by the writer (logged as a
-warning); the next epoch starts a new child, at most :data:`MAX_STARTS` times, after which
-the writer renders every epoch itself. The child ends when its input closes (the
+output, answers garbage) is stopped and the rest of the epoch is rendered by the writer
+(logged as a warning); the next epoch starts a new child, at most :data:`MAX_STARTS`
+times, after which the writer renders every epoch itself. The child ends when its input closes (the
 TaskManager or the writer went away) or when :meth:`RenderProcess.close` stops it. It
 imports only this package's serialization and store modules (not PyFlink), so it starts in
 a fraction of a second and holds about 20 MB.
@@ -40,7 +45,7 @@ import shutil
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -83,6 +88,10 @@ class RenderProcessError(Exception):
     """The child could not be started or failed; the writer renders the epoch itself."""
 
 
+#: What a failing child raises in the writer (it is stopped; the writer renders instead).
+_CHILD_ERRORS = (RenderProcessError, OSError, EOFError, pickle.UnpicklingError, ValueError)
+
+
 def render_rows(version: int, rows: Sequence[WriteRow],
                 renderers: Mapping[int, JsonRenderer],
                 key_json: Callable[[bytes], str | None] | None = None
@@ -99,22 +108,32 @@ def render_rows(version: int, rows: Sequence[WriteRow],
     """
     if key_json is None:
         key_json = KeyJsonMemo()
+    def json_of(state_id: int, value: bytes) -> str | None:
+        return renderers.get(state_id, PLAIN_JSON)(value)
+
     rendered: Rendered = []
     undecodable: list[int] = []
     for index, row in enumerate(rows):
-        if row.tombstone or row.value is None:
-            rendered.append([render_state_row(p).encode("ascii")
-                             for p in row_params(version, row)])
-            continue
         try:
-            vjson = renderers.get(row.state_id, PLAIN_JSON)(row.value)
+            rendered.append(render_row(version, row, json_of, key_json))
         except SerializationError:
             undecodable.append(index)
             rendered.append([])
-            continue
-        full = row._replace(value_json=vjson, key_json=key_json(row.ukey))
-        rendered.append([render_state_row(p).encode("ascii") for p in row_params(version, full)])
     return rendered, undecodable
+
+
+def render_row(version: int, row: WriteRow, json_of: Callable[[int, bytes], str | None],
+               key_json: Callable[[bytes], str | None]) -> list[bytes]:
+    """The database rows of `row` (without JSON) written as `version`, as SQL literals,
+    with `json_of(state_id, value)` and `key_json(ukey)` as the JSON of its value and key
+    (a tombstone has neither).
+
+    :raises SerializationError: from `json_of` (the value cannot be unpickled here).
+    """
+    if not row.tombstone and row.value is not None:
+        row = row._replace(value_json=json_of(row.state_id, row.value),
+                           key_json=key_json(row.ukey))
+    return [render_state_row(p).encode("ascii") for p in row_params(version, row)]
 
 
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
@@ -169,55 +188,82 @@ class RenderProcess:
         """False once :data:`MAX_STARTS` children failed: the writer renders itself."""
         return self._child is not None or self.starts < MAX_STARTS
 
-    def render(self, version: int, rows: Sequence[WriteRow],
+    def slices(self, version: int, rows: Sequence[WriteRow],
                renderers: Mapping[int, JsonRenderer],
                json_of: Callable[[int, bytes], str | None],
                key_json: Callable[[bytes], str | None],
-               between: Callable[[], None] | None = None) -> Rendered | None:
-        """The rendered rows of `rows` (see :func:`render_rows`), or None when the child
-        failed (logged; the caller renders the epoch itself). Rows the child could not
-        decode are rendered here with `json_of(state_id, value)` and `key_json(ukey)`.
-        `between()` is called while waiting (the writer's cancellation point; what it
-        raises stops the child and propagates)."""
-        if not self.usable:
-            return None
-        try:
-            rendered: Rendered = []
-            undecodable: list[int] = []
-            states = dict(renderers)
-            for start in range(0, len(rows), SLICE_ROWS):
-                part, skipped = self._request(version, rows[start:start + SLICE_ROWS],
-                                              states, between)
-                rendered += part
-                undecodable += (start + index for index in skipped)
-        except (RenderProcessError, OSError, EOFError, pickle.UnpicklingError,
-                ValueError) as err:
-            self._stop()
-            self.fallbacks += 1
-            log.warning("pyflink-ndb %s: the render process failed (%s); this checkpoint is "
-                        "rendered by the writer%s", self.name,
-                        err if isinstance(err, RenderProcessError)
-                        else f"{type(err).__name__}: {err}",
-                        "" if self.usable else ", and every later one too")
-            return None
-        except BaseException:
-            self._stop()  # cancelled mid-request: the child's reply would be stale
-            raise
-        for index in undecodable:
-            row = rows[index]
-            assert row.value is not None
-            full = row._replace(value_json=json_of(row.state_id, row.value),
-                                key_json=key_json(row.ukey))
-            rendered[index] = [render_state_row(p).encode("ascii")
-                               for p in row_params(version, full)]
-        self.rendered_epochs += 1
-        return rendered  # type: ignore[no-any-return]
+               between: Callable[[], None] | None = None) -> Generator[Rendered, None, None]:
+        """The rendered rows of `rows` (see :func:`render_rows`), one list per slice of
+        :data:`SLICE_ROWS` rows, in order. The child renders the next slice while the
+        caller uses this one (the writer executes its statements), so the writer holds
+        at most two slices' rendered text. Rows the child could not decode are rendered
+        here with `json_of(state_id, value)` and `key_json(ukey)`; so is every slice
+        after a failure of the child (logged as a warning) and every slice once
+        :attr:`usable` is False: the text is the same either way.
 
-    def _request(self, version: int, rows: Sequence[WriteRow],
-                 renderers: dict[int, JsonRenderer], between: Callable[[], None] | None
-                 ) -> tuple[Rendered, list[int]]:
-        """One request frame to the child and its reply: the rendered rows of `rows` and
-        the indexes (within `rows`) of those it could not decode."""
+        `between()` is called while waiting (the writer's cancellation point; what it
+        raises stops the child and propagates). Close the generator when done with it
+        (:func:`contextlib.closing`): closed with a request in flight, it stops the child,
+        whose reply would be stale.
+        """
+        def here(part: Sequence[WriteRow]) -> Rendered:
+            return [render_row(version, row, json_of, key_json) for row in part]
+
+        states = dict(renderers)
+        in_flight = False
+        failed = not self.usable
+        try:
+            if rows and not failed:
+                try:
+                    self._send(version, rows[:SLICE_ROWS], states)
+                    in_flight = True
+                except _CHILD_ERRORS as err:
+                    failed = self._failed(err)
+            for start in range(0, len(rows), SLICE_ROWS):
+                part = rows[start:start + SLICE_ROWS]
+                if failed:
+                    yield here(part)
+                    continue
+                try:
+                    rendered, undecodable = self._receive(between)
+                    in_flight = False
+                except _CHILD_ERRORS as err:
+                    in_flight = False
+                    failed = self._failed(err)
+                    yield here(part)
+                    continue
+                following = rows[start + SLICE_ROWS:start + 2 * SLICE_ROWS]
+                if following:
+                    try:
+                        self._send(version, following, states)
+                        in_flight = True
+                    except _CHILD_ERRORS as err:
+                        failed = self._failed(err)
+                for index in undecodable:
+                    rendered[index] = render_row(version, part[index], json_of,
+                                                        key_json)
+                yield rendered
+            if not failed:
+                self.rendered_epochs += 1
+        finally:
+            if in_flight:  # cancelled, failed or closed early: the reply would be stale
+                self._stop()
+
+    def _failed(self, err: BaseException) -> bool:
+        """Stop the failed child and log it; returns True (the epoch's other slices are
+        rendered by the writer)."""
+        self._stop()
+        self.fallbacks += 1
+        log.warning("pyflink-ndb %s: the render process failed (%s); the rest of this "
+                    "checkpoint is rendered by the writer%s", self.name,
+                    err if isinstance(err, RenderProcessError)
+                    else f"{type(err).__name__}: {err}",
+                    "" if self.usable else ", and every later one too")
+        return True
+
+    def _send(self, version: int, rows: Sequence[WriteRow],
+              renderers: dict[int, JsonRenderer]) -> None:
+        """One request frame to the child (started if needed): render `rows`."""
         child = self._start()
         # Plain tuples: pickling a named tuple calls back into Python for every row.
         frame = pickle.dumps((version, list(map(tuple, rows)), renderers), protocol=5)
@@ -225,6 +271,10 @@ class RenderProcess:
         child.stdin.write(_HEADER.pack(len(frame)))
         child.stdin.write(frame)
         child.stdin.flush()
+
+    def _receive(self, between: Callable[[], None] | None) -> tuple[Rendered, list[int]]:
+        """The reply to the request in flight: the rendered rows of its slice and the
+        indexes (within the slice) of those the child could not decode."""
         (size,) = _HEADER.unpack(self._read(_HEADER.size, between))
         rendered, undecodable = pickle.loads(self._read(size, between))
         return rendered, undecodable
