@@ -4,8 +4,11 @@ checkpoint, a value only the parent can unpickle keeps its JSON."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
 import sys
+import time
 import types
 from collections.abc import Iterator
 from contextlib import closing
@@ -25,6 +28,7 @@ from pyflink.datastream.state import (
     ValueStateDescriptor,
 )
 
+from pyflink_ndb.checkpoint.writer import WriteCancelled
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.serialization import encode_key, encode_value
 from pyflink_ndb.serialization.keys import encode_map_key, key_prefix_json
@@ -112,9 +116,9 @@ def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
     sizes: list[int] = []
     send = process._send
 
-    def counted(version, part, renderers):
+    def counted(version, part, renderers, between):
         sizes.append(len(part))
-        return send(version, part, renderers)
+        return send(version, part, renderers, between)
     monkeypatch.setattr(process, "_send", counted)
     try:
         rendered = _slices(process, 9, rows)
@@ -148,9 +152,9 @@ def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(
     sent: list[int] = []
     send = process._send
 
-    def counted(version, part, renderers):
+    def counted(version, part, renderers, between):
         sent.append(len(part))
-        return send(version, part, renderers)
+        return send(version, part, renderers, between)
     monkeypatch.setattr(process, "_send", counted)
     try:
         slices = process.slices(5, rows, {}, lambda sid, v: PLAIN_JSON(v),
@@ -188,6 +192,69 @@ def test_a_child_that_dies_mid_epoch_leaves_the_rest_to_the_writer(
         assert process.fallbacks == 1 and process.rendered_epochs == 0
         assert _slices(process, 4, rows) == _in_writer(4, rows, {})
         assert process.starts == 2 and process.rendered_epochs == 1
+    finally:
+        process.close()
+
+
+@pytest.mark.parametrize("when", ["before its first request", "after its first reply"])
+def test_a_stopped_child_is_given_up_after_the_stall_limit(
+        monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """A child stopped with SIGSTOP (a frozen cgroup, a debugger) neither reads nor
+    answers: the writer gives up on it after STALL_SECONDS, even in the middle of writing
+    a request larger than the pipe (its input is non-blocking), and renders the rest of
+    the epoch itself with the same text."""
+    import pyflink_ndb.stores.render_process as render_process
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 4)
+    monkeypatch.setattr(render_process, "STALL_SECONDS", 1.0)
+    rows = [WriteRow(i % 4, 1, encode_key(f"k{i:03}"), False,
+                     encode_value("x" * 100_000 + str(i)), None, None, None)
+            for i in range(10)]  # each request ~400 kB: far more than a pipe holds
+    process = RenderProcess("test")
+    try:
+        out: list[list[bytes]] = []
+        child = process._start()
+        if when == "before its first request":
+            os.kill(child.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with closing(process.slices(2, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                                    lambda ukey: key_prefix_json(ukey)[1])) as slices:
+            for index, part in enumerate(slices):
+                out += part
+                if index == 0 and when == "after its first reply":
+                    os.kill(child.pid, signal.SIGSTOP)
+        assert time.monotonic() - started < 20
+        assert out == _in_writer(2, rows, {})
+        assert process.fallbacks == 1 and process._child is None
+        assert child.poll() is not None  # killed, not left stopped
+    finally:
+        process.close()
+
+
+def test_a_writer_cancelled_while_a_stopped_child_holds_its_request_stops_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's cancellation point is called while it waits to write a request, and
+    what it raises stops the child and propagates (no wait for the stall limit)."""
+    import pyflink_ndb.stores.render_process as render_process
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 4)
+    rows = [WriteRow(0, 1, encode_key(f"k{i}"), False, encode_value("y" * 200_000), None,
+                     None, None) for i in range(4)]
+    process = RenderProcess("test")
+    calls = []
+
+    def between() -> None:
+        calls.append(1)
+        if len(calls) >= 3:
+            raise WriteCancelled("closing")
+    try:
+        child = process._start()
+        os.kill(child.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(WriteCancelled), closing(process.slices(
+                1, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                lambda ukey: key_prefix_json(ukey)[1], between)) as slices:
+            list(slices)
+        assert time.monotonic() - started < 5
+        assert process._child is None and child.poll() is not None
     finally:
         process.close()
 

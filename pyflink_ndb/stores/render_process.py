@@ -45,6 +45,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -61,6 +62,10 @@ log = logging.getLogger(__name__)
 MAX_STARTS = 3
 #: Seconds between two checks of the writer's cancellation while it waits for the child.
 POLL_SECONDS = 0.05
+#: Seconds the child may take without reading a request's byte or writing a reply's byte
+#: (a slice of 2,000 rows renders in about 0.1 s): a child that is stopped (SIGSTOP, a
+#: frozen cgroup) or hangs is treated as failed, and the writer renders the rest itself.
+STALL_SECONDS = 60.0
 #: Rows per request: an epoch is rendered in slices, so that the child holds one slice's
 #: request and reply at a time instead of the whole epoch's (its memory no longer grows
 #: with the largest epoch it rendered).
@@ -214,10 +219,11 @@ class RenderProcess:
         failed = not self.usable
         try:
             if rows and not failed:
+                in_flight = True  # from its first byte: a part of a request is stale too
                 try:
-                    self._send(version, rows[:SLICE_ROWS], states)
-                    in_flight = True
+                    self._send(version, rows[:SLICE_ROWS], states, between)
                 except _CHILD_ERRORS as err:
+                    in_flight = False
                     failed = self._failed(err)
             for start in range(0, len(rows), SLICE_ROWS):
                 part = rows[start:start + SLICE_ROWS]
@@ -234,10 +240,11 @@ class RenderProcess:
                     continue
                 following = rows[start + SLICE_ROWS:start + 2 * SLICE_ROWS]
                 if following:
+                    in_flight = True
                     try:
-                        self._send(version, following, states)
-                        in_flight = True
+                        self._send(version, following, states, between)
                     except _CHILD_ERRORS as err:
+                        in_flight = False
                         failed = self._failed(err)
                 for index in undecodable:
                     rendered[index] = render_row(version, part[index], json_of,
@@ -262,15 +269,13 @@ class RenderProcess:
         return True
 
     def _send(self, version: int, rows: Sequence[WriteRow],
-              renderers: dict[int, JsonRenderer]) -> None:
+              renderers: dict[int, JsonRenderer], between: Callable[[], None] | None
+              ) -> None:
         """One request frame to the child (started if needed): render `rows`."""
-        child = self._start()
+        self._start()
         # Plain tuples: pickling a named tuple calls back into Python for every row.
         frame = pickle.dumps((version, list(map(tuple, rows)), renderers), protocol=5)
-        assert child.stdin is not None
-        child.stdin.write(_HEADER.pack(len(frame)))
-        child.stdin.write(frame)
-        child.stdin.flush()
+        self._write(_HEADER.pack(len(frame)) + frame, between)
 
     def _receive(self, between: Callable[[], None] | None) -> tuple[Rendered, list[int]]:
         """The reply to the request in flight: the rendered rows of its slice and the
@@ -298,6 +303,8 @@ class RenderProcess:
                 stdout=subprocess.PIPE, env=env, close_fds=True)
         except OSError as err:
             raise RenderProcessError(f"cannot start {python}: {err}") from err
+        assert self._child.stdin is not None
+        os.set_blocking(self._child.stdin.fileno(), False)  # see _write
         log.info("pyflink-ndb %s: render process started (pid %d, %s)", self.name,
                  self._child.pid, python)
         return self._child
@@ -307,20 +314,55 @@ class RenderProcess:
         assert child is not None and child.stdout is not None
         fd = child.stdout.fileno()
         parts: list[bytes] = []
+        progress = time.monotonic()
         while size:
-            ready, _, _ = select.select([fd], [], [], POLL_SECONDS)
-            if not ready:
-                if between is not None:
-                    between()
-                if child.poll() is not None:
-                    raise RenderProcessError(f"it exited with code {child.returncode}")
+            if not self._ready(child, fd, False, between, progress):
                 continue
             data = os.read(fd, min(size, 1 << 20))
             if not data:
                 raise RenderProcessError("it closed its output")
             parts.append(data)
             size -= len(data)
+            progress = time.monotonic()
         return b"".join(parts)
+
+    def _write(self, data: bytes, between: Callable[[], None] | None) -> None:
+        """Write `data` to the child's input (non-blocking: a child that stops reading
+        cannot hold the writer beyond its cancellation or :data:`STALL_SECONDS`)."""
+        child = self._child
+        assert child is not None and child.stdin is not None
+        fd = child.stdin.fileno()
+        view = memoryview(data)
+        progress = time.monotonic()
+        while view:
+            if not self._ready(child, fd, True, between, progress):
+                continue
+            try:
+                view = view[os.write(fd, view[:1 << 20]):]
+            except BlockingIOError:
+                continue
+            progress = time.monotonic()
+
+    @staticmethod
+    def _ready(child: subprocess.Popen[bytes], fd: int, writing: bool,
+               between: Callable[[], None] | None, progress: float) -> bool:
+        """Wait up to :data:`POLL_SECONDS` until `fd` can be written (`writing`) or read;
+        False when it cannot yet, after `between()` and a check of the child.
+
+        :raises RenderProcessError: the child exited, or made no progress for
+            :data:`STALL_SECONDS` since `progress` (a monotonic time).
+        """
+        readable, writable, _ = select.select([] if writing else [fd],
+                                              [fd] if writing else [], [], POLL_SECONDS)
+        if readable or writable:
+            return True
+        if between is not None:
+            between()
+        if child.poll() is not None:
+            raise RenderProcessError(f"it exited with code {child.returncode}")
+        if time.monotonic() - progress > STALL_SECONDS:
+            raise RenderProcessError(f"it made no progress for {STALL_SECONDS:.0f} s")
+        return False
 
     def _stop(self) -> None:
         child, self._child = self._child, None
