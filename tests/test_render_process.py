@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import stat
 import sys
 import time
+import tracemalloc
 import types
 from collections.abc import Iterator
 from contextlib import closing
@@ -36,7 +38,12 @@ from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
 from pyflink_ndb.stores.base import CHUNK_BYTES, WriteRow, row_params
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.mysql import render_state_row
-from pyflink_ndb.stores.render_process import MAX_STARTS, RenderProcess, render_rows
+from pyflink_ndb.stores.render_process import (
+    MAX_STARTS,
+    RenderProcess,
+    render_rows,
+    slice_bounds,
+)
 from pyflink_ndb.testing import LocalSubtask
 
 pytestmark = pytest.mark.mysql
@@ -259,6 +266,37 @@ def test_a_writer_cancelled_while_a_stopped_child_holds_its_request_stops_at_onc
         process.close()
 
 
+def test_slices_end_at_a_byte_bound_too() -> None:
+    """Slices of large values are bounded by SLICE_BYTES as well as SLICE_ROWS (breaker
+    finding: an epoch of 200 values of 1 MB was one slice, and the writer grew by 786 MB,
+    the child to 989 MB). Now the child's peak stays under 150 MB and the writer's new
+    allocations under 80 MB while it renders 200 MB of values."""
+    rows = [WriteRow(0, 1, encode_key(i), False, encode_value(os.urandom(1_000_000)), None,
+                     None, None) for i in range(200)]
+    assert max(end - start for start, end in slice_bounds(rows)) == 5  # 5 MB: >= 4 MiB
+    assert slice_bounds(_numbered_rows(4_001)) == [(0, 2_000), (2_000, 4_000),
+                                                    (4_000, 4_001)]
+    process = RenderProcess("test")
+    tracemalloc.start()
+    try:
+        count = 0
+        with closing(process.slices(1, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                                    lambda ukey: key_prefix_json(ukey)[1])) as slices:
+            for part in slices:
+                count += len(part)
+                del part
+        writer_peak = tracemalloc.get_traced_memory()[1]
+        assert process._child is not None
+        status = Path(f"/proc/{process._child.pid}/status").read_text()
+        child_peak_kib = int(status.split("VmHWM:")[1].split()[0])
+    finally:
+        tracemalloc.stop()
+        process.close()
+    assert count == 200 and process.fallbacks == 0
+    assert child_peak_kib < 150 * 1024, child_peak_kib
+    assert writer_peak < 80 * 1024 * 1024, writer_peak
+
+
 # -- a subtask with the option ------------------------------------------------------------
 
 def _options(url: str, namespace: str, **extra) -> NdbStateOptions:
@@ -401,3 +439,130 @@ def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
     assert process is not None and process.rendered_epochs == 1 and process.fallbacks == 0
     sub.close()
     assert sorted(r[8] for r in _rows(mysql_url, ns)) == ['["a",1]', '["b"]']
+
+
+# -- breaker findings at the subtask level ------------------------------------------------
+
+ANY = Types.PICKLED_BYTE_ARRAY()
+
+
+def _subtask(url: str, namespaces: list[str], tmp_path: Path, **extra) -> LocalSubtask:
+    ns = unique_namespace("rp")
+    namespaces.append(ns)
+    return LocalSubtask(open_store(_options(url, ns, **extra)), _options(url, ns, **extra),
+                        local_dir=str(tmp_path / ns))
+
+
+def _restore(url: str, sub: LocalSubtask, tmp_path: Path, checkpoint_id: int
+             ) -> LocalSubtask:
+    ns = sub.backend.protocol.wstore.namespace
+    return LocalSubtask(open_store(_options(url, ns)), _options(url, ns),
+                        restored_checkpoint_id=checkpoint_id, storage=sub.storage,
+                        local_dir=str(tmp_path / (ns + "_again")))
+
+
+def _state_rows(url: str, namespace: str) -> list[tuple]:
+    conn = mysql_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT key_group, state_id, ukey, chunk, tombstone, chunks, "
+                        f"expires_at_ms IS NULL, fmt, vbytes, vjson, kjson "
+                        f"FROM {namespace}_state ORDER BY state_id, ukey, version, chunk")
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def _write_values(sub: LocalSubtask, values: dict, checkpoint_id: int) -> None:
+    value = sub.context.get_state(ValueStateDescriptor("v", ANY))
+    for key, v in values.items():
+        sub.key(key)
+        value.update(v)
+    sub.checkpoint(checkpoint_id)
+
+
+def test_render_process_json_equals_writers_when_int_digit_limit_is_lifted(
+        mysql_url, tmp_path, namespaces):
+    """The TaskManager's interpreter lifted the int-to-str digit limit
+    (sys.set_int_max_str_digits(0), as code handling big numbers does): the child converts
+    under the same limit, so a 4,400-digit int gets the same JSON as from the writer's own
+    rendering (breaker finding: the child, with the default limit of 4,300 digits,
+    rendered NULL for vjson and kjson)."""
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        stored = []
+        for on in (True, False):
+            sub = _subtask(mysql_url, namespaces, tmp_path, write_render_process=on)
+            _write_values(sub, {"big": 10 ** 4400, 10 ** 4400: "big key"}, 1)
+            sub.close()
+            stored.append([r[9:] for r in _state_rows(mysql_url, namespaces[-1])])
+    finally:
+        sys.set_int_max_str_digits(old)
+    assert stored[1][0][0] is not None  # the writer's own rendering has the JSON
+    assert stored[0] == stored[1]
+
+
+@pytest.mark.parametrize("entry", ["path", "bytes"])
+def test_a_non_str_entry_in_sys_path_does_not_fail_checkpoints(
+        mysql_url, tmp_path, namespaces, monkeypatch, entry):
+    """User code put a pathlib.Path (or bytes) into sys.path, which imports tolerate: the
+    child's PYTHONPATH takes it as text (breaker finding: joining sys.path raised TypeError
+    and failed the first MAX_STARTS checkpoints of every attempt)."""
+    extra = tmp_path if entry == "path" else os.fsencode(str(tmp_path))
+    monkeypatch.setattr(sys, "path", sys.path + [extra])
+    sub = _subtask(mysql_url, namespaces, tmp_path, write_render_process=True)
+    try:
+        _write_values(sub, {"a": 1}, 1)
+        process = sub.backend.protocol.render_process
+        assert process is not None and process.rendered_epochs == 1 and process.starts == 1
+    finally:
+        sub.close()
+
+
+_GARBAGE_CHILD = """#!{python}
+import pickle, struct, sys
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+while True:
+    header = inp.read(8)
+    if len(header) < 8:
+        break
+    version, rows, renderers = pickle.loads(inp.read(struct.unpack(">Q", header)[0]))
+    reply = pickle.dumps({reply})
+    out.write(struct.pack(">Q", len(reply)) + reply)
+    out.flush()
+"""
+
+
+def _garbage_child(tmp_path: Path, reply: str) -> str:
+    script = tmp_path / "python-garbage"
+    script.write_text(_GARBAGE_CHILD.format(python=sys.executable, reply=reply))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+@pytest.mark.parametrize("reply", ["42", "([], [])",
+                                   "(None, None)"],
+                         ids=["not-a-pair", "too-few-rows", "nones"])
+def test_a_child_that_answers_garbage_falls_back_without_failing_a_checkpoint(
+        mysql_url, tmp_path, namespaces, reply):
+    """A child that answers garbage is stopped and the writer renders the epoch itself
+    (breaker finding: a well-framed reply of the wrong shape — not a pair, fewer rows than
+    requested, None — raised TypeError/ValueError outside the fallback and failed the
+    checkpoint, at each of the first MAX_STARTS checkpoints)."""
+    sub = _subtask(mysql_url, namespaces, tmp_path, write_render_process=True)
+    protocol = sub.backend.protocol
+    protocol.render_process = RenderProcess("test", python=_garbage_child(tmp_path, reply))
+    try:
+        _write_values(sub, {f"k{i}": i for i in range(5)}, 1)
+        _write_values(sub, {f"k{i}": -i for i in range(5)}, 2)
+        assert protocol.render_process.fallbacks == 2
+    finally:
+        sub.close()
+    again = _restore(mysql_url, sub, tmp_path, 2)
+    value = again.context.get_state(ValueStateDescriptor("v", ANY))
+    try:
+        assert [again.key(f"k{i}") and value.value() for i in range(5)] == \
+            [-i for i in range(5)]
+    finally:
+        again.close()

@@ -70,12 +70,20 @@ STALL_SECONDS = 60.0
 #: request and reply at a time instead of the whole epoch's (its memory no longer grows
 #: with the largest epoch it rendered).
 SLICE_ROWS = 2_000
+#: Bytes of keys and values per request at most (a slice ends at the row that reaches it;
+#: a single larger value is a slice of its own): large values do not make a slice of
+#: SLICE_ROWS rows hold gigabytes in the child and the writer.
+SLICE_BYTES = 4 * 1024 * 1024
 _HEADER = struct.Struct(">Q")
-#: Started as `python -c BOOTSTRAP <package folder>`: a stub of the top-level package keeps
-#: `pyflink_ndb/__init__.py` (which imports PyFlink) from running in the child, and the
-#: frames use the real stdout, which the child's own prints can no longer reach.
+#: Started as `python -c BOOTSTRAP <package folder> <int digit limit>`: a stub of the
+#: top-level package keeps `pyflink_ndb/__init__.py` (which imports PyFlink) from running
+#: in the child, the frames use the real stdout, which the child's own prints can no longer
+#: reach, and the child converts ints to text under the writer's limit
+#: (`sys.set_int_max_str_digits`), so its JSON is the writer's.
 BOOTSTRAP = (
     "import sys, types\n"
+    "if hasattr(sys, 'set_int_max_str_digits'):\n"
+    "    sys.set_int_max_str_digits(int(sys.argv[2]))\n"
     "out = sys.stdout.buffer\n"
     "sys.stdout = sys.stderr\n"
     "package = types.ModuleType('pyflink_ndb')\n"
@@ -139,6 +147,21 @@ def render_row(version: int, row: WriteRow, json_of: Callable[[int, bytes], str 
         row = row._replace(value_json=json_of(row.state_id, row.value),
                            key_json=key_json(row.ukey))
     return [render_state_row(p).encode("ascii") for p in row_params(version, row)]
+
+
+def slice_bounds(rows: Sequence[WriteRow]) -> list[tuple[int, int]]:
+    """(start, end) of each slice of `rows`: at most :data:`SLICE_ROWS` rows, and ended by
+    the row whose key and value bytes reach :data:`SLICE_BYTES`."""
+    bounds: list[tuple[int, int]] = []
+    start = size = 0
+    for index, row in enumerate(rows):
+        size += len(row[2]) + len(row[4] or b"")
+        if index + 1 - start >= SLICE_ROWS or size >= SLICE_BYTES:
+            bounds.append((start, index + 1))
+            start, size = index + 1, 0
+    if start < len(rows):
+        bounds.append((start, len(rows)))
+    return bounds
 
 
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
@@ -218,37 +241,35 @@ class RenderProcess:
         in_flight = False
         failed = not self.usable
         try:
-            if rows and not failed:
+            parts = [rows[start:end] for start, end in slice_bounds(rows)]
+            if parts and not failed:
                 in_flight = True  # from its first byte: a part of a request is stale too
                 try:
-                    self._send(version, rows[:SLICE_ROWS], states, between)
+                    self._send(version, parts[0], states, between, start=True)
                 except _CHILD_ERRORS as err:
                     in_flight = False
                     failed = self._failed(err)
-            for start in range(0, len(rows), SLICE_ROWS):
-                part = rows[start:start + SLICE_ROWS]
+            for number, part in enumerate(parts):
                 if failed:
                     yield here(part)
                     continue
                 try:
-                    rendered, undecodable = self._receive(between)
+                    rendered, undecodable = self._receive(len(part), between)
                     in_flight = False
                 except _CHILD_ERRORS as err:
                     in_flight = False
                     failed = self._failed(err)
                     yield here(part)
                     continue
-                following = rows[start + SLICE_ROWS:start + 2 * SLICE_ROWS]
-                if following:
+                if number + 1 < len(parts):
                     in_flight = True
                     try:
-                        self._send(version, following, states, between)
+                        self._send(version, parts[number + 1], states, between)
                     except _CHILD_ERRORS as err:
                         in_flight = False
                         failed = self._failed(err)
                 for index in undecodable:
-                    rendered[index] = render_row(version, part[index], json_of,
-                                                        key_json)
+                    rendered[index] = render_row(version, part[index], json_of, key_json)
                 yield rendered
             if not failed:
                 self.rendered_epochs += 1
@@ -269,19 +290,42 @@ class RenderProcess:
         return True
 
     def _send(self, version: int, rows: Sequence[WriteRow],
-              renderers: dict[int, JsonRenderer], between: Callable[[], None] | None
-              ) -> None:
-        """One request frame to the child (started if needed): render `rows`."""
-        self._start()
+              renderers: dict[int, JsonRenderer], between: Callable[[], None] | None,
+              start: bool = False) -> None:
+        """One request frame to the child: render `rows`. `start`: the epoch's first
+        request, which starts a child if none runs; later ones need the child that
+        rendered the epoch's earlier slices.
+
+        :raises RenderProcessError: no child runs (and `start` is False)."""
+        if start:
+            self._start()
+        elif self._child is None or self._child.poll() is not None:
+            raise RenderProcessError("it exited" if self._child is None else
+                                     f"it exited with code {self._child.returncode}")
         # Plain tuples: pickling a named tuple calls back into Python for every row.
         frame = pickle.dumps((version, list(map(tuple, rows)), renderers), protocol=5)
         self._write(_HEADER.pack(len(frame)) + frame, between)
 
-    def _receive(self, between: Callable[[], None] | None) -> tuple[Rendered, list[int]]:
-        """The reply to the request in flight: the rendered rows of its slice and the
-        indexes (within the slice) of those the child could not decode."""
+    def _receive(self, rows: int, between: Callable[[], None] | None
+                 ) -> tuple[Rendered, list[int]]:
+        """The reply to the request in flight (a slice of `rows` rows): the rendered rows
+        of its slice and the indexes (within the slice) of those the child could not
+        decode.
+
+        :raises RenderProcessError: the reply is not of that shape (the child is broken:
+            the writer must not write what it sent).
+        """
         (size,) = _HEADER.unpack(self._read(_HEADER.size, between))
-        rendered, undecodable = pickle.loads(self._read(size, between))
+        reply = pickle.loads(self._read(size, between))
+        if not (type(reply) is tuple and len(reply) == 2 and type(reply[0]) is list
+                and len(reply[0]) == rows and type(reply[1]) is list):
+            raise RenderProcessError(f"it answered a reply of the wrong shape for {rows} "
+                                     f"rows ({type(reply).__name__})")
+        rendered, undecodable = reply
+        if not (all(type(i) is int and 0 <= i < rows for i in undecodable)
+                and all(type(r) is list and all(type(b) is bytes for b in r)
+                        for r in rendered)):
+            raise RenderProcessError("it answered rows that are not lists of SQL literals")
         return rendered, undecodable
 
     def _start(self) -> subprocess.Popen[bytes]:
@@ -295,11 +339,15 @@ class RenderProcess:
                                      "nor python3 on PATH)")
         self.starts += 1
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # sys.path may hold paths as bytes or path objects too (imports accept them).
+        env["PYTHONPATH"] = os.pathsep.join(
+            entry for entry in (os.fsdecode(p) for p in sys.path
+                                if isinstance(p, (str, bytes, os.PathLike))) if entry)
         package = str(Path(__file__).resolve().parent.parent)
+        digits = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
         try:
             self._child = subprocess.Popen(
-                [python, "-c", BOOTSTRAP, package], stdin=subprocess.PIPE,
+                [python, "-c", BOOTSTRAP, package, str(digits)], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, env=env, close_fds=True)
         except OSError as err:
             raise RenderProcessError(f"cannot start {python}: {err}") from err
