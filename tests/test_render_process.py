@@ -123,9 +123,9 @@ def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
     sizes: list[int] = []
     send = process._send
 
-    def counted(version, part, renderers, between):
+    def counted(version, part, renderers, between, start=False):
         sizes.append(len(part))
-        return send(version, part, renderers, between)
+        return send(version, part, renderers, between, start)
     monkeypatch.setattr(process, "_send", counted)
     try:
         rendered = _slices(process, 9, rows)
@@ -159,9 +159,9 @@ def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(
     sent: list[int] = []
     send = process._send
 
-    def counted(version, part, renderers, between):
+    def counted(version, part, renderers, between, start=False):
         sent.append(len(part))
-        return send(version, part, renderers, between)
+        return send(version, part, renderers, between, start)
     monkeypatch.setattr(process, "_send", counted)
     try:
         slices = process.slices(5, rows, {}, lambda sid, v: PLAIN_JSON(v),
