@@ -31,7 +31,7 @@ from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
 from pyflink_ndb.config import PREFIX, from_flink_keys, resolve_sqlite_url
-from pyflink_ndb.errors import ConfigurationError
+from pyflink_ndb.errors import ConfigurationError, NdbStateError
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -211,7 +211,10 @@ def main(url: str, namespace: str, parallelism: int, checkpoint_ms: int, limit: 
         from pyflink_ndb.testing import Throttled
 
         function = Throttled(function, per_record_ms=throttle_ms)
-    build(env, csv_path, options, function)
+    try:  # the store is checked when the job is built: its errors are one line as well
+        build(env, csv_path, options, function)
+    except NdbStateError as err:
+        raise click.ClickException(str(err)) from err
     records = count_lines(csv_path)
     started = time.monotonic()
     result = execute_with_progress(env, options, records)

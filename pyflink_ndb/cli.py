@@ -338,6 +338,15 @@ def _states(store: StateStore, ops: Sequence[str], state_name: str | None
     return out
 
 
+def _key_sample(store: StateStore, states: dict[str, list[StateInfo]], count: int = 10
+                ) -> list[str]:
+    """Up to `count` distinct committed keys of `states` (by operator ID), as compact JSON,
+    for errors that list what exists (a key held by several states is listed once)."""
+    texts = (_compact(key, 40) for op in sorted(states)
+             for key in sample_keys(store, op, states[op], count))
+    return list(dict.fromkeys(texts))[:count]
+
+
 def _compact(value: Any, width: int) -> str:
     text = json.dumps(to_jsonable(value), ensure_ascii=False, separators=(",", ":"))
     return text if width <= 0 or len(text) <= width else text[:max(width - 1, 1)] + "…"
@@ -553,12 +562,11 @@ def get(url: str, namespace: str, operator: str, state_name: str, key_type: str,
                 if attempt == _STALE_ATTEMPTS - 1:
                     raise
         if found is None:
-            sample = sample_keys(store, operator, states[operator])
             hint = "" if key_type != "str" else " (a key that is not a string needs --key-type)"
             raise click.ClickException(
                 f"State {state_name!r} of operator {operator!r} has no committed key "
                 f"{wanted!r}{hint}; some of its keys: "
-                f"{', '.join(_compact(k, 40) for k in sample) or 'none'} "
+                f"{', '.join(_key_sample(store, states)) or 'none'} "
                 "(pyflink-ndb scan lists them).")
         doc = _entry_json(found)
         if fmt == "json":
@@ -645,14 +653,12 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
         if buffered:
             flush(pages == 0)
         if printed == 0 and (key_text is not None or prefix is not None):
-            sample = [k for op in sorted(states)
-                      for k in sample_keys(store, op, states[op])][:10]
             what = f"key {key!r}" if key_text is not None else f"keys starting with {prefix!r}"
             hint = ("" if key_text is None or key_type != "str"
                     else " (a key that is not a string needs --key-type)")
             raise click.ClickException(
                 f"No committed entry with {what}{hint}; some keys: "
-                f"{', '.join(_compact(k, 40) for k in sample) or 'none'}.")
+                f"{', '.join(_key_sample(store, states)) or 'none'}.")
         click.echo(f"-- {printed} entries from {store.describe()}", err=True)
         if limit and printed >= limit and last is not None:
             click.echo(f"-- next page: --after {last.cursor.to_token()}", err=True)

@@ -387,9 +387,11 @@ def test_a_switched_operator_is_found_by_its_uid(tmp_path: Path):
     flink_id = operator_id_of_uid("counter")
     t = LocalSubtask(store, options, operator=flink_id, local_dir=str(tmp_path / "local"))
     count = t.context.get_state(ValueStateDescriptor("count", Types.LONG()))
+    seen = t.context.get_state(ValueStateDescriptor("seen", Types.LONG()))
     for key, n in (("a", 2), ("b", 1)):
         t.key(key)
         count.update(n)
+        seen.update(n)
     t.checkpoint(1)
     t.close()
     store.close()
@@ -403,3 +405,10 @@ def test_a_switched_operator_is_found_by_its_uid(tmp_path: Path):
         ("a", 2, flink_id), ("b", 1, flink_id)}
     missing = run("scan", *where, "--operator", "no-such-uid", ok=False)
     assert operator_id_of_uid("no-such-uid") in missing.output and flink_id in missing.output
+    # A missing key under the uid: a one-line error listing the keys (a fresh user's
+    # finding: a KeyError traceback), each key once although two states hold it.
+    absent = run("get", *where, "--operator", "counter", "--state", "count", "zz", ok=False)
+    assert "no committed key 'zz'" in absent.output and "Traceback" not in absent.output
+    assert absent.output.split("keys:")[1].count('"a"') == 1
+    absent = run("scan", *where, "--operator", "counter", "--key", "zz", ok=False)
+    assert absent.output.split("keys:")[1].count('"a"') == 1, absent.output

@@ -99,3 +99,17 @@ def test_demo_refuses_a_bad_option_before_flink_starts(args: list[str], message:
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_demo_reports_an_unreachable_database_in_one_line():
+    """A fresh user's report: a wrong port printed the right message after a 60-line
+    traceback (the store is checked when the job is built)."""
+    from click.testing import CliRunner
+
+    from jobs.flight_delays import main
+
+    result = CliRunner().invoke(main, ["--url", "mysql://root@127.0.0.1:9/test",
+                                       "--limit", "10"])
+    assert result.exit_code == 1, result.output
+    assert "Cannot reach the database at 127.0.0.1:9" in result.output
+    assert "Traceback" not in result.output
