@@ -124,10 +124,10 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
                     row["vjson"])
                 prefix, rest = split_key(row["ukey"])
                 key = (json.loads(row["kjson"]) if row["kjson"] is not None
-                       else repr(decode_key(prefix)))
+                       else to_jsonable(decode_key(prefix)))
                 entry = {"operator": row["operator"], "state": row["state_name"], "key": key}
                 if rest:
-                    entry["entry"] = repr(decode_key(rest))
+                    entry["entry"] = to_jsonable(decode_key(rest))
                 entry.update(value=value, checkpoint=row["checkpoint"])
                 click.echo(json.dumps(entry, default=repr))
                 printed += 1

@@ -388,10 +388,12 @@ def test_a_switched_operator_is_found_by_its_uid(tmp_path: Path):
     t = LocalSubtask(store, options, operator=flink_id, local_dir=str(tmp_path / "local"))
     count = t.context.get_state(ValueStateDescriptor("count", Types.LONG()))
     seen = t.context.get_state(ValueStateDescriptor("seen", Types.LONG()))
+    pages = t.context.get_map_state(MapStateDescriptor("pages", Types.STRING(), Types.LONG()))
     for key, n in (("a", 2), ("b", 1)):
         t.key(key)
         count.update(n)
         seen.update(n)
+    pages.put("/page/0", 7)
     t.checkpoint(1)
     t.close()
     store.close()
@@ -401,8 +403,11 @@ def test_a_switched_operator_is_found_by_its_uid(tmp_path: Path):
     assert got["value"] == 2 and got["checkpoint"] == 1
     lines = [json.loads(line) for line in run("query", *where, "--operator", "counter")
              .stdout.splitlines()]
-    assert {(r["key"], r["value"], r["operator"]) for r in lines} == {
-        ("a", 2, flink_id), ("b", 1, flink_id)}
+    assert {(r["key"], r["value"], r["operator"]) for r in lines
+            if r["state"] != "pages"} == {("a", 2, flink_id), ("b", 1, flink_id)}
+    # A map entry's key as JSON, as `get` prints it (a fresh user's finding: a repr).
+    assert [(r["key"], r["entry"], r["value"]) for r in lines if r["state"] == "pages"] == [
+        ("b", "/page/0", 7)]
     missing = run("scan", *where, "--operator", "no-such-uid", ok=False)
     assert operator_id_of_uid("no-such-uid") in missing.output and flink_id in missing.output
     # A missing key under the uid: a one-line error listing the keys (a fresh user's
