@@ -72,14 +72,14 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("ndb-mariadb", "pyflink-ndb MariaDB (lazy)", "ndb-mariadb", "lazy"),
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
-    ("ndb-mariadb-norender", "pyflink-ndb MariaDB, write.render-process: false",
-     "ndb-mariadb", "lazy"),
+    ("ndb-mariadb-render", "pyflink-ndb MariaDB, write.render-process", "ndb-mariadb",
+     "lazy"),
 )
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg",
-          "ndb-mariadb-norender": "my_nr"}
+          "ndb-mariadb-render": "my_rp"}
 #: More pyflink-ndb options of a backend.
-_EXTRA_OPTIONS = {"ndb-mariadb-norender": {"state.backend.ndb.write.render-process": "false"}}
+_EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true"}}
 
 
 # -- the job (runs in the TaskManager's interpreter) --------------------------------------

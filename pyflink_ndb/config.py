@@ -67,7 +67,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Write each checkpoint in Flink's asynchronous phase, from a background "
                "thread with a connection of its own: the synchronous phase only freezes "
                "the dirty set. `false`: write it in the synchronous phase (the task waits)."),
-    OptionSpec("write.render-process", "write_render_process", True,
+    OptionSpec("write.render-process", "write_render_process", False,
                "MySQL-protocol stores with `write.async` (ignored otherwise): render each "
                "checkpoint's rows (the JSON of values and keys, the SQL literals) in a "
                "Python process of its own per subtask (about 25-40 MiB, outside Flink's "
@@ -168,7 +168,7 @@ class NdbStateOptions:
     local_dir: str | None = None
     write_batch_rows: int = 500
     write_async: bool = True
-    write_render_process: bool = True
+    write_render_process: bool = False
     write_max_pending_bytes: int = 256 * 1024 * 1024
     python_gc_freeze: bool = True
     restore_mode: str = "lazy"

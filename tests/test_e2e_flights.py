@@ -18,15 +18,15 @@ from pyflink_ndb.testing import FailOnceAfterCheckpoint
 pytestmark = pytest.mark.flink
 
 
-@pytest.fixture(params=["sqlite", "mysql", "mysql-no-render-process"])
+@pytest.fixture(params=["sqlite", "mysql", "mysql-render-process"])
 def state_options(request, tmp_path, mysql_url):
     namespace = "e2e_" + uuid.uuid4().hex[:8]
     url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if request.param == "sqlite"
            else mysql_url)
     options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
                "state.backend.ndb.cache.max-entries": "500"}
-    if request.param == "mysql-no-render-process":  # the writer renders under the GIL
-        options["state.backend.ndb.write.render-process"] = "false"
+    if request.param == "mysql-render-process":
+        options["state.backend.ndb.write.render-process"] = "true"
     yield options
     if request.param != "sqlite":
         drop_namespace(mysql_url, namespace)
