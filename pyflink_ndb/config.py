@@ -281,15 +281,15 @@ def _convert(spec: OptionSpec, raw: Any) -> Any:
             raise ValueError(text)
         if isinstance(default, int) or spec.field == "checkpoints_retained":
             return int(text)
-    except ValueError as err:
+    except ValueError:
         if isinstance(default, bool):
             raise ConfigurationError(
                 f"{PREFIX}{spec.key}={raw!r} is not true or false: set it to true or false "
                 f"(also accepted: yes/no, 1/0, any case; default: "
-                f"{str(default).lower()}).") from err
+                f"{str(default).lower()}).") from None  # the message says it all
         raise ConfigurationError(
             f"{PREFIX}{spec.key}={raw!r} is not a whole number: set a whole number "
-            f"(default: {default}).") from err
+            f"(default: {default}).") from None
     return text
 
 

@@ -96,6 +96,9 @@ def test_bad_values_are_configuration_errors(key: str, raw: str, needle: str) ->
     message = str(info.value)
     assert needle in message
     assert P + key in message or key == "url"
+    # No chained "ValueError: maybe" traceback before it (a fresh user's finding).
+    assert info.value.__cause__ is None
+    assert info.value.__context__ is None or info.value.__suppress_context__
 
 
 def test_a_value_of_none_means_not_set() -> None:
