@@ -120,13 +120,7 @@ def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
         rows.append(WriteRow(i % 4, 1, encode_key(f"k{i:02}"), data is None, data, None,
                              None, None))
     process = RenderProcess("test")
-    sizes: list[int] = []
-    send = process._send
-
-    def counted(version, part, renderers, between, start=False):
-        sizes.append(len(part))
-        return send(version, part, renderers, between, start)
-    monkeypatch.setattr(process, "_send", counted)
+    sizes = _count_sends(process, monkeypatch)
     try:
         rendered = _slices(process, 9, rows)
     finally:
@@ -136,10 +130,28 @@ def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
     assert rendered == _in_writer(9, rows, {})
 
 
+def _open_slices(process: RenderProcess, version: int, rows: list[WriteRow],
+                 between=None):
+    """`process.slices` with the JSON functions the writer passes (plain JSON)."""
+    return process.slices(version, rows, {}, lambda sid, v: PLAIN_JSON(v),
+                          lambda ukey: key_prefix_json(ukey)[1], between)
+
+
 def _slices(process: RenderProcess, version: int, rows: list[WriteRow]) -> list[list[bytes]]:
-    with closing(process.slices(version, rows, {}, lambda sid, v: PLAIN_JSON(v),
-                                lambda ukey: key_prefix_json(ukey)[1])) as slices:
+    with closing(_open_slices(process, version, rows)) as slices:
         return list(chain.from_iterable(slices))
+
+
+def _count_sends(process: RenderProcess, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the requests `process` sends, in order (filled as it sends them)."""
+    sizes: list[int] = []
+    send = process._send
+
+    def counted(version, part, renderers, between, start=False):
+        sizes.append(len(part))
+        return send(version, part, renderers, between, start)
+    monkeypatch.setattr(process, "_send", counted)
+    return sizes
 
 
 def _numbered_rows(n: int) -> list[WriteRow]:
@@ -156,16 +168,9 @@ def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(
     monkeypatch.setattr(render_process, "SLICE_ROWS", 4)
     rows = _numbered_rows(10)
     process = RenderProcess("test")
-    sent: list[int] = []
-    send = process._send
-
-    def counted(version, part, renderers, between, start=False):
-        sent.append(len(part))
-        return send(version, part, renderers, between, start)
-    monkeypatch.setattr(process, "_send", counted)
+    sent = _count_sends(process, monkeypatch)
     try:
-        slices = process.slices(5, rows, {}, lambda sid, v: PLAIN_JSON(v),
-                                lambda ukey: key_prefix_json(ukey)[1])
+        slices = _open_slices(process, 5, rows)
         first = next(slices)
         assert first == _in_writer(5, rows[:4], {})
         assert sent == [4, 4]  # the second slice was sent before the first was handed over
@@ -187,8 +192,7 @@ def test_a_child_that_dies_mid_epoch_leaves_the_rest_to_the_writer(
     process = RenderProcess("test")
     try:
         out: list[list[bytes]] = []
-        with closing(process.slices(3, rows, {}, lambda sid, v: PLAIN_JSON(v),
-                                    lambda ukey: key_prefix_json(ukey)[1])) as slices:
+        with closing(_open_slices(process, 3, rows)) as slices:
             for index, part in enumerate(slices):
                 out += part
                 if index == 0:
@@ -223,8 +227,7 @@ def test_a_stopped_child_is_given_up_after_the_stall_limit(
         if when == "before its first request":
             os.kill(child.pid, signal.SIGSTOP)
         started = time.monotonic()
-        with closing(process.slices(2, rows, {}, lambda sid, v: PLAIN_JSON(v),
-                                    lambda ukey: key_prefix_json(ukey)[1])) as slices:
+        with closing(_open_slices(process, 2, rows)) as slices:
             for index, part in enumerate(slices):
                 out += part
                 if index == 0 and when == "after its first reply":
@@ -256,9 +259,8 @@ def test_a_writer_cancelled_while_a_stopped_child_holds_its_request_stops_at_onc
         child = process._start()
         os.kill(child.pid, signal.SIGSTOP)
         started = time.monotonic()
-        with pytest.raises(WriteCancelled), closing(process.slices(
-                1, rows, {}, lambda sid, v: PLAIN_JSON(v),
-                lambda ukey: key_prefix_json(ukey)[1], between)) as slices:
+        with pytest.raises(WriteCancelled), closing(
+                _open_slices(process, 1, rows, between)) as slices:
             list(slices)
         assert time.monotonic() - started < 5
         assert process._child is None and child.poll() is not None
@@ -280,8 +282,7 @@ def test_slices_end_at_a_byte_bound_too() -> None:
     tracemalloc.start()
     try:
         count = 0
-        with closing(process.slices(1, rows, {}, lambda sid, v: PLAIN_JSON(v),
-                                    lambda ukey: key_prefix_json(ukey)[1])) as slices:
+        with closing(_open_slices(process, 1, rows)) as slices:
             for part in slices:
                 count += len(part)
                 del part

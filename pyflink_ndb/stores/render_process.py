@@ -221,8 +221,8 @@ class RenderProcess:
                json_of: Callable[[int, bytes], str | None],
                key_json: Callable[[bytes], str | None],
                between: Callable[[], None] | None = None) -> Generator[Rendered, None, None]:
-        """The rendered rows of `rows` (see :func:`render_rows`), one list per slice of
-        :data:`SLICE_ROWS` rows, in order. The child renders the next slice while the
+        """The rendered rows of `rows` (see :func:`render_rows`), one list per slice
+        (:func:`slice_bounds`), in order. The child renders the next slice while the
         caller uses this one (the writer executes its statements), so the writer holds
         at most two slices' rendered text. Rows the child could not decode are rendered
         here with `json_of(state_id, value)` and `key_json(ukey)`; so is every slice
@@ -237,18 +237,25 @@ class RenderProcess:
         def here(part: Sequence[WriteRow]) -> Rendered:
             return [render_row(version, row, json_of, key_json) for row in part]
 
-        states = dict(renderers)
         in_flight = False
+
+        def send(part: Sequence[WriteRow], start: bool = False) -> bool:
+            """Send `part`; False when the child failed (stopped and logged)."""
+            nonlocal in_flight
+            in_flight = True  # from its first byte: a part of a request is stale too
+            try:
+                self._send(version, part, states, between, start)
+            except _CHILD_ERRORS as err:
+                in_flight = False
+                return not self._failed(err)
+            return True
+
+        states = dict(renderers)
         failed = not self.usable
         try:
             parts = [rows[start:end] for start, end in slice_bounds(rows)]
             if parts and not failed:
-                in_flight = True  # from its first byte: a part of a request is stale too
-                try:
-                    self._send(version, parts[0], states, between, start=True)
-                except _CHILD_ERRORS as err:
-                    in_flight = False
-                    failed = self._failed(err)
+                failed = not send(parts[0], start=True)
             for number, part in enumerate(parts):
                 if failed:
                     yield here(part)
@@ -262,12 +269,7 @@ class RenderProcess:
                     yield here(part)
                     continue
                 if number + 1 < len(parts):
-                    in_flight = True
-                    try:
-                        self._send(version, parts[number + 1], states, between)
-                    except _CHILD_ERRORS as err:
-                        in_flight = False
-                        failed = self._failed(err)
+                    failed = not send(parts[number + 1])
                 for index in undecodable:
                     rendered[index] = render_row(version, part[index], json_of, key_json)
                 yield rendered
