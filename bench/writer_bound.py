@@ -1,0 +1,163 @@
+"""What the background writer costs the stream: an experiment, not a configuration
+(`python -m bench.writer_bound`, about 6 minutes; README, "Checkpoint pause", and
+docs/protocol.md, "The writer's share of the interpreter").
+
+In thread mode the background writer renders, writes and collects garbage in the
+TaskManager's one interpreter, so its Python work competes with the task threads for the
+GIL. This measures how much: part 3's checkpoint job and part 7's user-profile job run
+alternately on pyflink-ndb MariaDB as released ("normal") and on a copy of the package in
+which the writer skips its work ("no writer": an epoch's rows are neither rendered nor
+written and garbage collection does nothing; only the snapshot row is written, so the
+checkpoints still complete). **The "no writer" runs keep nothing durable**: they give the
+ceiling that moving the writer's work off the interpreter could reach, never a setting.
+
+The copy is made in a temporary folder and put first on `PYTHONPATH` of that run's
+process (the MiniCluster's JVM and its embedded interpreter inherit it); the checkout is
+not touched. A run checks which package it used: the checkpoint job's `checkpoint N
+durable` log lines exist only when epochs are written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: (text in pyflink_ndb/checkpoint/protocol.py, the text that replaces it in the copy).
+PATCHES = (
+    ("        version = version_of(self.branch, checkpoint_id)\n"
+     "        started = time.perf_counter()\n",
+     "        version = version_of(self.branch, checkpoint_id)\n"
+     "        started = time.perf_counter()\n"
+     "        self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)\n"
+     "        return 0  # bench/writer_bound.py: nothing of the epoch is written\n"),
+    ("    def _gc_job(self, fence: Fence) -> None:\n",
+     "    def _gc_job(self, fence: Fence) -> None:\n"
+     "        self._gc_queued = False\n"
+     "        return  # bench/writer_bound.py: no garbage collection\n"),
+)
+
+_PAUSE = """
+import json, sys
+sys.path.insert(0, {root!r})
+from bench.run import pause_job, steadiness
+r = pause_job("ndb-mariadb", True, {seconds}, {url!r}, 2)
+e = steadiness(r)
+print("RESULT", json.dumps({{"records_per_s": r["records_per_s"], "cv": e["cv"],
+    "write_ratio": e["write_seconds_ratio"], "checkpoints": len(r["checkpoints"]),
+    "durable_lines": len(r.get("durable") or []),
+    "e2e_ms": statistics.median(c["end_to_end_ms"] for c in r["checkpoints"])
+              if r["checkpoints"] else None}}))
+""".replace("import json, sys", "import json, statistics, sys")
+
+
+def patched_copy(folder: Path) -> Path:
+    """A copy of the package in `folder` with :data:`PATCHES` applied; returns `folder`.
+
+    :raises click.ClickException: a patch no longer matches the source (update it)."""
+    target = folder / "pyflink_ndb"
+    shutil.copytree(ROOT / "pyflink_ndb", target,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    protocol = target / "checkpoint" / "protocol.py"
+    text = protocol.read_text()
+    for old, new in PATCHES:
+        if text.count(old) != 1:
+            raise click.ClickException(f"bench/writer_bound.py: a patch no longer matches "
+                                       f"pyflink_ndb/checkpoint/protocol.py: {old!r}")
+        text = text.replace(old, new)
+    protocol.write_text(text)
+    return folder
+
+
+def one_run(job: str, no_writer: bool, copy: Path, url: str, seconds: float
+            ) -> dict[str, Any]:
+    """One run of `job` ("pause": part 3's checkpoint job, "profile": part 7's job) in a
+    process of its own, with the patched copy first on `PYTHONPATH` if `no_writer`."""
+    from bench.run import WORK
+
+    logs = Path(os.environ.get("FLINK_LOG_DIR", str(WORK / "flink-log")))
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FLINK_LOG_DIR": str(logs)}
+    path = [str(ROOT)] + ([str(copy)] if no_writer else [])
+    env["PYTHONPATH"] = os.pathsep.join(reversed(path))
+    if job == "pause":
+        code = _PAUSE.format(root=str(ROOT), seconds=seconds, url=url)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, cwd=ROOT)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        if not lines:
+            raise click.ClickException(f"checkpoint job failed:\n{out.stderr[-3000:]}")
+        got = json.loads(lines[-1][len("RESULT "):])
+        _check_package(got, no_writer)
+        return got
+    work = Path(tempfile.mkdtemp(prefix="writer-bound-profile-"))
+    try:
+        out = subprocess.run([sys.executable, "-m", "bench.profile", "ndb-mariadb",
+                              "--duration", str(seconds), "--mysql-url", url,
+                              "--work", str(work / "w")],
+                             capture_output=True, text=True, env=env, cwd=ROOT)
+        results = work / "w" / "profile" / "results.json"
+        if out.returncode != 0 or not results.exists():
+            raise click.ClickException(f"profile job failed:\n{out.stderr[-3000:]}")
+        run = json.loads(results.read_text())["runs"]["ndb-mariadb"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if "error" in run:
+        raise click.ClickException(f"profile job failed: {run['error']}")
+    got = {"records_per_s": run["records_per_s"], "checkpoints": len(run["checkpoints"]),
+           "durable_lines": len(run.get("durable") or []), "e2e_ms": run.get("e2e_median_ms")}
+    _check_package(got, no_writer)
+    return got
+
+
+def _check_package(got: dict[str, Any], no_writer: bool) -> None:
+    """:raises click.ClickException: the run's writer wrote epochs although it ran the
+        patched copy, or the reverse."""
+    if bool(got["durable_lines"]) == no_writer:
+        raise click.ClickException(
+            f"the run used the wrong package: {got['durable_lines']} `durable` log lines "
+            f"with no_writer={no_writer}")
+
+
+@click.command()
+@click.option("--mysql-url", default="mysql://root@127.0.0.1:3306/test", show_default=True)
+@click.option("--rounds", default=2, show_default=True)
+@click.option("--seconds", default=40.0, show_default=True, help="Per run.")
+@click.option("--job", "jobs", multiple=True, type=click.Choice(["pause", "profile"]),
+              default=("pause", "profile"), show_default=True)
+def main(mysql_url: str, rounds: int, seconds: float, jobs: tuple[str, ...]) -> None:
+    """Alternate normal and no-writer runs of each job; print JSON lines, then medians."""
+    folder = Path(tempfile.mkdtemp(prefix="writer-bound-"))
+    try:
+        copy = patched_copy(folder)
+        rows: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+        for _ in range(rounds):
+            for job in jobs:
+                for no_writer in (False, True):
+                    got = one_run(job, no_writer, copy, mysql_url, seconds)
+                    rows.setdefault((job, no_writer), []).append(got)
+                    click.echo(json.dumps({"job": job, "no_writer": no_writer, **got}))
+        click.echo("\n| job | writer | records/s (runs) | median | checkpoints |")
+        click.echo("|---|---|---|---:|---|")
+        for (job, no_writer), got in rows.items():
+            rates = [g["records_per_s"] for g in got]
+            click.echo(f"| {job} | {'none (experiment)' if no_writer else 'as released'} | "
+                       f"{', '.join(f'{r:,.0f}' for r in rates)} | "
+                       f"{statistics.median(rates):,.0f} | "
+                       f"{', '.join(str(g['checkpoints']) for g in got)} |")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
