@@ -1,20 +1,21 @@
 """What the background writer costs the stream: an experiment, not a configuration
-(`python -m bench.writer_bound`, about 6 minutes; README, "Checkpoint pause", and
-docs/protocol.md, "The writer's share of the interpreter").
+(`python -m bench.writer_bound`, about 11 minutes with the defaults; README, "Checkpoint
+pause", and docs/protocol.md, "The writer's share of the interpreter").
 
 In thread mode the background writer renders, writes and collects garbage in the
 TaskManager's one interpreter, so its Python work competes with the task threads for the
 GIL. This measures how much: part 3's checkpoint job and part 7's user-profile job run
-alternately on pyflink-ndb MariaDB as released ("normal") and on a copy of the package in
-which the writer skips its work ("no writer": an epoch's rows are neither rendered nor
-written and garbage collection does nothing; only the snapshot row is written, so the
-checkpoints still complete). **The "no writer" runs keep nothing durable**: they give the
+alternately on pyflink-ndb MariaDB as released, with `write.render-process: true` (the
+part of the writer's work that can leave the interpreter today) and on a copy of the
+package in which the writer skips its work ("none": an epoch's rows are neither rendered
+nor written and garbage collection does nothing; only the snapshot row is written, so
+the checkpoints still complete). **The "none" runs keep nothing durable**: they give the
 ceiling that moving the writer's work off the interpreter could reach, never a setting.
 
 The copy is made in a temporary folder and put first on `PYTHONPATH` of that run's
 process (the MiniCluster's JVM and its embedded interpreter inherit it); the checkout is
-not touched. A run checks which package it used: the checkpoint job's `checkpoint N
-durable` log lines exist only when epochs are written.
+not touched. A run checks which package it used: `checkpoint N durable` log lines exist
+only when epochs are written.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ _PAUSE = """
 import json, sys
 sys.path.insert(0, {root!r})
 from bench.run import pause_job, steadiness
-r = pause_job("ndb-mariadb", True, {seconds}, {url!r}, 2)
+r = pause_job("ndb-mariadb", True, {seconds}, {url!r}, 2, None, {render_process})
 e = steadiness(r)
 print("RESULT", json.dumps({{"records_per_s": r["records_per_s"], "cv": e["cv"],
     "write_ratio": e["write_seconds_ratio"], "checkpoints": len(r["checkpoints"]),
@@ -79,10 +80,19 @@ def patched_copy(folder: Path) -> Path:
     return folder
 
 
-def one_run(job: str, no_writer: bool, copy: Path, url: str, seconds: float
+#: The variants: (key, label).
+VARIANTS = (("released", "as released"),
+            ("render-process", "`write.render-process: true`"),
+            ("none", "none (experiment: nothing durable)"))
+
+
+def one_run(job: str, variant: str, copy: Path, url: str, seconds: float
             ) -> dict[str, Any]:
     """One run of `job` ("pause": part 3's checkpoint job, "profile": part 7's job) in a
-    process of its own, with the patched copy first on `PYTHONPATH` if `no_writer`."""
+    process of its own: `variant` a key of :data:`VARIANTS` ("none": the patched copy
+    first on `PYTHONPATH`)."""
+    no_writer = variant == "none"
+    render_process = variant == "render-process"
     from bench.run import WORK
 
     logs = Path(os.environ.get("FLINK_LOG_DIR", str(WORK / "flink-log")))
@@ -91,7 +101,8 @@ def one_run(job: str, no_writer: bool, copy: Path, url: str, seconds: float
     path = [str(ROOT)] + ([str(copy)] if no_writer else [])
     env["PYTHONPATH"] = os.pathsep.join(reversed(path))
     if job == "pause":
-        code = _PAUSE.format(root=str(ROOT), seconds=seconds, url=url)
+        code = _PAUSE.format(root=str(ROOT), seconds=seconds, url=url,
+                             render_process=render_process)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=env, cwd=ROOT)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -102,14 +113,15 @@ def one_run(job: str, no_writer: bool, copy: Path, url: str, seconds: float
         return got
     work = Path(tempfile.mkdtemp(prefix="writer-bound-profile-"))
     try:
-        out = subprocess.run([sys.executable, "-m", "bench.profile", "ndb-mariadb",
+        backend = "ndb-mariadb-render" if render_process else "ndb-mariadb"
+        out = subprocess.run([sys.executable, "-m", "bench.profile", backend,
                               "--duration", str(seconds), "--mysql-url", url,
                               "--work", str(work / "w")],
                              capture_output=True, text=True, env=env, cwd=ROOT)
         results = work / "w" / "profile" / "results.json"
         if out.returncode != 0 or not results.exists():
             raise click.ClickException(f"profile job failed:\n{out.stderr[-3000:]}")
-        run = json.loads(results.read_text())["runs"]["ndb-mariadb"]
+        run = json.loads(results.read_text())["runs"][backend]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if "error" in run:
@@ -136,22 +148,23 @@ def _check_package(got: dict[str, Any], no_writer: bool) -> None:
 @click.option("--job", "jobs", multiple=True, type=click.Choice(["pause", "profile"]),
               default=("pause", "profile"), show_default=True)
 def main(mysql_url: str, rounds: int, seconds: float, jobs: tuple[str, ...]) -> None:
-    """Alternate normal and no-writer runs of each job; print JSON lines, then medians."""
+    """Alternate the :data:`VARIANTS` of each job; print JSON lines, then medians."""
     folder = Path(tempfile.mkdtemp(prefix="writer-bound-"))
     try:
         copy = patched_copy(folder)
-        rows: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+        rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(rounds):
             for job in jobs:
-                for no_writer in (False, True):
-                    got = one_run(job, no_writer, copy, mysql_url, seconds)
-                    rows.setdefault((job, no_writer), []).append(got)
-                    click.echo(json.dumps({"job": job, "no_writer": no_writer, **got}))
+                for variant, _label in VARIANTS:
+                    got = one_run(job, variant, copy, mysql_url, seconds)
+                    rows.setdefault((job, variant), []).append(got)
+                    click.echo(json.dumps({"job": job, "variant": variant, **got}))
+        labels = dict(VARIANTS)
         click.echo("\n| job | writer | records/s (runs) | median | checkpoints |")
         click.echo("|---|---|---|---:|---|")
-        for (job, no_writer), got in rows.items():
+        for (job, variant), got in rows.items():
             rates = [g["records_per_s"] for g in got]
-            click.echo(f"| {job} | {'none (experiment)' if no_writer else 'as released'} | "
+            click.echo(f"| {job} | {labels[variant]} | "
                        f"{', '.join(f'{r:,.0f}' for r in rates)} | "
                        f"{statistics.median(rates):,.0f} | "
                        f"{', '.join(str(g['checkpoints']) for g in got)} |")
