@@ -49,7 +49,7 @@ PATCHES = (
 )
 
 _PAUSE = """
-import json, sys
+import json, statistics, sys
 sys.path.insert(0, {root!r})
 from bench.run import pause_job, steadiness
 r = pause_job("ndb-mariadb", True, {seconds}, {url!r}, 2, None, {render_process})
@@ -59,7 +59,7 @@ print("RESULT", json.dumps({{"records_per_s": r["records_per_s"], "cv": e["cv"],
     "durable_lines": len(r.get("durable") or []),
     "e2e_ms": statistics.median(c["end_to_end_ms"] for c in r["checkpoints"])
               if r["checkpoints"] else None}}))
-""".replace("import json, sys", "import json, statistics, sys")
+"""
 
 
 def patched_copy(folder: Path) -> Path:
@@ -98,8 +98,9 @@ def one_run(job: str, variant: str, copy: Path, url: str, seconds: float
     logs = Path(os.environ.get("FLINK_LOG_DIR", str(WORK / "flink-log")))
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FLINK_LOG_DIR": str(logs)}
-    path = [str(ROOT)] + ([str(copy)] if no_writer else [])
-    env["PYTHONPATH"] = os.pathsep.join(reversed(path))
+    # The patched copy first, then the checkout (bench and jobs), then what was set.
+    path = ([str(copy)] if no_writer else []) + [str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(path + [p for p in [env.get("PYTHONPATH")] if p])
     if job == "pause":
         code = _PAUSE.format(root=str(ROOT), seconds=seconds, url=url,
                              render_process=render_process)
