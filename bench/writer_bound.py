@@ -1,21 +1,28 @@
 """What the background writer costs the stream: an experiment, not a configuration
-(`python -m bench.writer_bound`, about 11 minutes with the defaults; README, "Checkpoint
+(`python -m bench.writer_bound`, about 15 minutes with the defaults; README, "Checkpoint
 pause", and docs/protocol.md, "The writer's share of the interpreter").
 
 In thread mode the background writer renders, writes and collects garbage in the
 TaskManager's one interpreter, so its Python work competes with the task threads for the
 GIL. This measures how much: part 3's checkpoint job and part 7's user-profile job run
-alternately on pyflink-ndb MariaDB as released, with `write.render-process: true` (the
-part of the writer's work that can leave the interpreter today) and on a copy of the
-package in which the writer skips its work ("none": an epoch's rows are neither rendered
-nor written and garbage collection does nothing; only the snapshot row is written, so
-the checkpoints still complete). **The "none" runs keep nothing durable**: they give the
-ceiling that moving the writer's work off the interpreter could reach, never a setting.
+alternately on pyflink-ndb MariaDB
 
-The copy is made in a temporary folder and put first on `PYTHONPATH` of that run's
-process (the MiniCluster's JVM and its embedded interpreter inherit it); the checkout is
-not touched. A run checks which package it used: `checkpoint N durable` log lines exist
-only when epochs are written.
+* as released;
+* with `write.render-process: true` (the part of the writer's work that can leave the
+  interpreter today);
+* "hand-over only": a copy of the package whose writer only does what a writer process
+  would leave in the TaskManager's interpreter — the frozen epoch's entries as flat
+  tuples, pickled and written to a pipe that a child process drains — and then writes
+  the snapshot row (no rows, no garbage collection);
+* "none": a copy whose writer skips its work altogether (only the snapshot row, so that
+  checkpoints still complete).
+
+**The two patched variants keep nothing durable**: they give the ceiling that moving the
+writer's work off the interpreter could reach, never a setting. Each copy is made in a
+temporary folder and put first on `PYTHONPATH` of that run's process (the MiniCluster's
+JVM and its embedded interpreter inherit it); the checkout is not touched. A run checks
+which package it used: `checkpoint N durable` log lines exist only when epochs are
+written.
 """
 
 from __future__ import annotations
@@ -34,19 +41,61 @@ import click
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: (text in pyflink_ndb/checkpoint/protocol.py, the text that replaces it in the copy).
-PATCHES = (
-    ("        version = version_of(self.branch, checkpoint_id)\n"
-     "        started = time.perf_counter()\n",
-     "        version = version_of(self.branch, checkpoint_id)\n"
-     "        started = time.perf_counter()\n"
-     "        self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)\n"
-     "        return 0  # bench/writer_bound.py: nothing of the epoch is written\n"),
-    ("    def _gc_job(self, fence: Fence) -> None:\n",
-     "    def _gc_job(self, fence: Fence) -> None:\n"
-     "        self._gc_queued = False\n"
-     "        return  # bench/writer_bound.py: no garbage collection\n"),
-)
+_WRITE_EPOCH_HEAD = ("        version = version_of(self.branch, checkpoint_id)\n"
+                     "        started = time.perf_counter()\n")
+_GC_JOB_HEAD = "    def _gc_job(self, fence: Fence) -> None:\n"
+_NO_GC = (_GC_JOB_HEAD + "        self._gc_queued = False\n"
+          "        return  # bench/writer_bound.py: no garbage collection\n")
+#: Per patched variant: (text in pyflink_ndb/checkpoint/protocol.py, its replacement).
+PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
+    # Nothing of the epoch is written: only the snapshot row, so checkpoints complete.
+    "none": (
+        (_WRITE_EPOCH_HEAD, _WRITE_EPOCH_HEAD
+         + "        self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)\n"
+           "        return 0  # bench/writer_bound.py: nothing of the epoch is written\n"),
+        (_GC_JOB_HEAD, _NO_GC)),
+    # What a writer process would leave in the TaskManager's interpreter: the frozen
+    # epoch's entries (those evicted to tier 2 read from its RocksDB snapshot) as flat
+    # tuples, pickled and written to a pipe that a child process drains; nothing else.
+    "handover": (
+        (_WRITE_EPOCH_HEAD, _WRITE_EPOCH_HEAD
+         + "        from bench_handover import hand_over\n"
+           "        hand_over(frozen)\n"
+           "        self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)\n"
+           "        return 0  # bench/writer_bound.py: handed over, not written\n"),
+        (_GC_JOB_HEAD, _NO_GC)),
+}
+
+#: The module the "handover" copy imports (put next to the patched package).
+HANDOVER_MODULE = """
+import os, pickle, subprocess, threading
+from pyflink_ndb.tiers.local import LocalTier, unpack
+
+_lock = threading.Lock()
+_child = []
+
+
+def _pipe():
+    with _lock:
+        if not _child:
+            _child.append(subprocess.Popen(["cat"], stdin=subprocess.PIPE,
+                                           stdout=subprocess.DEVNULL))
+        return _child[0].stdin
+
+
+def hand_over(frozen):
+    view = frozen.local_view
+    flat = []
+    for (state_id, ukey), entry in frozen.entries.items():
+        if entry is None:
+            value, key_group, expires = unpack(view[LocalTier.key_of(state_id, ukey)])
+        else:
+            value, key_group, expires = entry.value, entry.key_group, entry.expires_at_ms
+        flat.append((state_id, ukey, value, key_group, expires))
+    pipe = _pipe()
+    pipe.write(pickle.dumps(flat, protocol=5))
+    pipe.flush()
+"""
 
 _PAUSE = """
 import json, statistics, sys
@@ -62,16 +111,18 @@ print("RESULT", json.dumps({{"records_per_s": r["records_per_s"], "cv": e["cv"],
 """
 
 
-def patched_copy(folder: Path) -> Path:
-    """A copy of the package in `folder` with :data:`PATCHES` applied; returns `folder`.
+def patched_copy(folder: Path, variant: str) -> Path:
+    """A copy of the package in `folder` with the :data:`PATCHES` of `variant` applied
+    (and :data:`HANDOVER_MODULE` beside it); returns `folder`.
 
     :raises click.ClickException: a patch no longer matches the source (update it)."""
     target = folder / "pyflink_ndb"
     shutil.copytree(ROOT / "pyflink_ndb", target,
                     ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "bench_handover.py").write_text(HANDOVER_MODULE)
     protocol = target / "checkpoint" / "protocol.py"
     text = protocol.read_text()
-    for old, new in PATCHES:
+    for old, new in PATCHES[variant]:
         if text.count(old) != 1:
             raise click.ClickException(f"bench/writer_bound.py: a patch no longer matches "
                                        f"pyflink_ndb/checkpoint/protocol.py: {old!r}")
@@ -83,15 +134,16 @@ def patched_copy(folder: Path) -> Path:
 #: The variants: (key, label).
 VARIANTS = (("released", "as released"),
             ("render-process", "`write.render-process: true`"),
+            ("handover", "hand-over only (experiment: nothing durable)"),
             ("none", "none (experiment: nothing durable)"))
 
 
-def one_run(job: str, variant: str, copy: Path, url: str, seconds: float
+def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: float
             ) -> dict[str, Any]:
     """One run of `job` ("pause": part 3's checkpoint job, "profile": part 7's job) in a
-    process of its own: `variant` a key of :data:`VARIANTS` ("none": the patched copy
-    first on `PYTHONPATH`)."""
-    no_writer = variant == "none"
+    process of its own: `variant` a key of :data:`VARIANTS` (a patched one: its copy of
+    `copies` first on `PYTHONPATH`)."""
+    no_writer = variant in PATCHES
     render_process = variant == "render-process"
     from bench.run import WORK
 
@@ -99,7 +151,7 @@ def one_run(job: str, variant: str, copy: Path, url: str, seconds: float
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FLINK_LOG_DIR": str(logs)}
     # The patched copy first, then the checkout (bench and jobs), then what was set.
-    path = ([str(copy)] if no_writer else []) + [str(ROOT)]
+    path = ([str(copies[variant])] if no_writer else []) + [str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(path + [p for p in [env.get("PYTHONPATH")] if p])
     if job == "pause":
         code = _PAUSE.format(root=str(ROOT), seconds=seconds, url=url,
@@ -152,12 +204,12 @@ def main(mysql_url: str, rounds: int, seconds: float, jobs: tuple[str, ...]) -> 
     """Alternate the :data:`VARIANTS` of each job; print JSON lines, then medians."""
     folder = Path(tempfile.mkdtemp(prefix="writer-bound-"))
     try:
-        copy = patched_copy(folder)
+        copies = {v: patched_copy(folder / v, v) for v in PATCHES}
         rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(rounds):
             for job in jobs:
                 for variant, _label in VARIANTS:
-                    got = one_run(job, variant, copy, mysql_url, seconds)
+                    got = one_run(job, variant, copies, mysql_url, seconds)
                     rows.setdefault((job, variant), []).append(got)
                     click.echo(json.dumps({"job": job, "variant": variant, **got}))
         labels = dict(VARIANTS)
