@@ -68,7 +68,7 @@ PATCHES: dict[str, tuple[tuple[str, str], ...]] = {
 
 #: The module the "handover" copy imports (put next to the patched package).
 HANDOVER_MODULE = """
-import os, pickle, subprocess, threading
+import pickle, subprocess, threading
 from pyflink_ndb.tiers.local import LocalTier, unpack
 
 _lock = threading.Lock()
@@ -113,13 +113,14 @@ print("RESULT", json.dumps({{"records_per_s": r["records_per_s"], "cv": e["cv"],
 
 def patched_copy(folder: Path, variant: str) -> Path:
     """A copy of the package in `folder` with the :data:`PATCHES` of `variant` applied
-    (and :data:`HANDOVER_MODULE` beside it); returns `folder`.
+    (and, for "handover", :data:`HANDOVER_MODULE` beside it); returns `folder`.
 
     :raises click.ClickException: a patch no longer matches the source (update it)."""
     target = folder / "pyflink_ndb"
     shutil.copytree(ROOT / "pyflink_ndb", target,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    (folder / "bench_handover.py").write_text(HANDOVER_MODULE)
+    if variant == "handover":
+        (folder / "bench_handover.py").write_text(HANDOVER_MODULE)
     protocol = target / "checkpoint" / "protocol.py"
     text = protocol.read_text()
     for old, new in PATCHES[variant]:
@@ -143,7 +144,7 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
     """One run of `job` ("pause": part 3's checkpoint job, "profile": part 7's job) in a
     process of its own: `variant` a key of :data:`VARIANTS` (a patched one: its copy of
     `copies` first on `PYTHONPATH`)."""
-    no_writer = variant in PATCHES
+    patched = variant in PATCHES
     render_process = variant == "render-process"
     from bench.run import WORK
 
@@ -151,7 +152,7 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FLINK_LOG_DIR": str(logs)}
     # The patched copy first, then the checkout (bench and jobs), then what was set.
-    path = ([str(copies[variant])] if no_writer else []) + [str(ROOT)]
+    path = ([str(copies[variant])] if patched else []) + [str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(path + [p for p in [env.get("PYTHONPATH")] if p])
     if job == "pause":
         code = _PAUSE.format(root=str(ROOT), seconds=seconds, url=url,
@@ -162,7 +163,7 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
         if not lines:
             raise click.ClickException(f"checkpoint job failed:\n{out.stderr[-3000:]}")
         got = json.loads(lines[-1][len("RESULT "):])
-        _check_package(got, no_writer)
+        _check_package(got, patched)
         return got
     work = Path(tempfile.mkdtemp(prefix="writer-bound-profile-"))
     try:
@@ -181,17 +182,17 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
         raise click.ClickException(f"profile job failed: {run['error']}")
     got = {"records_per_s": run["records_per_s"], "checkpoints": len(run["checkpoints"]),
            "durable_lines": len(run.get("durable") or []), "e2e_ms": run.get("e2e_median_ms")}
-    _check_package(got, no_writer)
+    _check_package(got, patched)
     return got
 
 
-def _check_package(got: dict[str, Any], no_writer: bool) -> None:
-    """:raises click.ClickException: the run's writer wrote epochs although it ran the
+def _check_package(got: dict[str, Any], patched: bool) -> None:
+    """:raises click.ClickException: the run's writer wrote epochs although it ran a
         patched copy, or the reverse."""
-    if bool(got["durable_lines"]) == no_writer:
+    if bool(got["durable_lines"]) == patched:
         raise click.ClickException(
             f"the run used the wrong package: {got['durable_lines']} `durable` log lines "
-            f"with no_writer={no_writer}")
+            f"with patched={patched}")
 
 
 @click.command()
