@@ -74,12 +74,14 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
      "ndb-mariadb", "background"),
     ("ndb-mariadb-render", "pyflink-ndb MariaDB, write.render-process", "ndb-mariadb",
      "lazy"),
+    ("ndb-mariadb-process", "pyflink-ndb MariaDB, write.process", "ndb-mariadb", "lazy"),
 )
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg",
-          "ndb-mariadb-render": "my_rp"}
+          "ndb-mariadb-render": "my_rp", "ndb-mariadb-process": "my_wp"}
 #: More pyflink-ndb options of a backend.
-_EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true"}}
+_EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true"},
+                  "ndb-mariadb-process": {"state.backend.ndb.write.process": "true"}}
 
 
 # -- the job (runs in the TaskManager's interpreter) --------------------------------------

@@ -26,7 +26,8 @@ def one_run(variant: str, mysql_url: str, seconds: float) -> dict[str, Any]:
     if variant == "rocksdb":
         r = pause_job("rocksdb", None, seconds, mysql_url, 2)
     else:
-        r = pause_job("ndb-mariadb", True, seconds, mysql_url, 2, None, variant == "on")
+        r = pause_job("ndb-mariadb", True, seconds, mysql_url, 2, None,
+                      "render-process" if variant == "on" else "thread")
     even = steadiness(r)
     return {"variant": variant, "records_per_s": r["records_per_s"],
             "worst_second": r["min_second"], "write_ratio": even["write_seconds_ratio"],

@@ -540,29 +540,46 @@ def start_sequence_job(env: Any, kind: str, key_selector: Any, function: Any, op
     return client, job_id, submitted, time.time()
 
 
+#: Where the background writer's work runs (bench variants), and the options of each:
+#: its own thread; `write.render-process` (the child renders); `write.process` (the child
+#: renders and writes).
+WRITER_MODES: dict[str, dict[str, str]] = {
+    "thread": {"state.backend.ndb.write.render-process": "false",
+               "state.backend.ndb.write.process": "false"},
+    "render-process": {"state.backend.ndb.write.render-process": "true",
+                       "state.backend.ndb.write.process": "false"},
+    "process": {"state.backend.ndb.write.render-process": "false",
+                "state.backend.ndb.write.process": "true"},
+}
+_WRITER_KEYS = {"thread": "", "render-process": "/render", "process": "/process"}
+_WRITER_LABELS = {"thread": "background thread", "render-process": "write.render-process",
+                  "process": "write.process"}
+
+
 def variant_suffix(kind: str, write_async: bool | None, or_terms: int | None,
-                   render_process: bool) -> tuple[str, str]:
-    """(key suffix, label suffix) of a checkpoint-job variant (`write.render-process` is
-    named in the label where it applies: MariaDB with `write.async`)."""
-    key = (f"/or{or_terms}" if or_terms else "") + ("/render" if render_process else "")
+                   writer: str = "thread") -> tuple[str, str]:
+    """(key suffix, label suffix) of a checkpoint-job variant; `writer` a key of
+    :data:`WRITER_MODES`, named in the label where it applies (MariaDB with
+    `write.async`)."""
+    key = (f"/or{or_terms}" if or_terms else "") + _WRITER_KEYS[writer]
     label = f", {or_terms} OR-terms (experiment)" if or_terms else ""
     if kind == "ndb-mariadb" and write_async:
-        label += f", write.render-process={'true' if render_process else 'false'}"
+        label += f", {_WRITER_LABELS[writer]}"
     return key, label
 
 
 def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url: str,
               parallelism: int, or_terms: int | None = None,
-              render_process: bool = False) -> dict[str, Any]:
+              writer: str = "thread") -> dict[str, Any]:
     """A job that updates a ValueState counter of keys `i % 100,000` of a sequence source
     as fast as it can, for `duration_s` after its first record, with checkpoints every
     second; then Flink's checkpoint statistics over REST, and the job is cancelled.
-    `or_terms`: the experiment of :class:`bench.functions.RateCounter`; `render_process`:
-    pyflink-ndb with `write.render-process: true`."""
+    `or_terms`: the experiment of :class:`bench.functions.RateCounter`; `writer`: where
+    pyflink-ndb's writer works (a key of :data:`WRITER_MODES`)."""
 
     from bench.functions import ModuloKey, RateCounter
 
-    key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, render_process)
+    key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer)
     tag = (run_key(kind, write_async) + key_suffix).replace("/", "-")
     work = WORK / "checkpoint-job" / tag
     shutil.rmtree(work, ignore_errors=True)
@@ -573,8 +590,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     options = ndb_options(url, namespace)
     if write_async is not None:
         options["state.backend.ndb.write.async"] = "true" if write_async else "false"
-        options["state.backend.ndb.write.render-process"] = (
-            "true" if render_process else "false")
+        options.update(WRITER_MODES[writer])
         drop_namespace(url, namespace)
     extra = flink_extra(kind, work / "checkpoints")
     if kind == "rocksdb":  # RocksDB's best case here: only new SST files per checkpoint
@@ -644,7 +660,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
 
 def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: int,
                    duration_s: float,
-                   job_kinds: list[tuple[str, bool | None, int | None, bool]],
+                   job_kinds: list[tuple[str, bool | None, int | None, str]],
                    warmup: bool) -> dict:
     """Part 3: the checkpoint pause at the protocol level (LocalSubtask) and on Flink."""
     out: dict[str, Any] = {"protocol": {}, "job": {}, "job_keys": PAUSE_JOB_KEYS,
@@ -660,13 +676,12 @@ def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: i
     if warmup:
         log("checkpoint job: an untimed warm-up run")
         pause_job("hashmap", None, 5, mysql_url, parallelism)
-    for kind, write_async, or_terms, render_process in job_kinds:
-        key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms,
-                                                  render_process)
+    for kind, write_async, or_terms, writer in job_kinds:
+        key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer)
         log(f"checkpoint job: {run_label(kind, write_async)}{label_suffix}, "
             f"{duration_s:.0f} s")
         r = pause_job(kind, write_async, duration_s, mysql_url, parallelism, or_terms,
-                      render_process)
+                      writer)
         out["job"][run_key(kind, write_async) + key_suffix] = r
         log(f"  {r['records_per_s'] or 0:,.0f} records/s (seconds {r['min_second'] or 0:,}–"
             f"{r['max_second'] or 0:,}); {len(r['checkpoints'])} checkpoints, sync median "
@@ -1497,7 +1512,8 @@ def chart(results: dict, path: Path) -> None:
 PAUSE_COLORS = {"rocksdb": COLORS["rocksdb"], "ndb-mariadb/async": COLORS["ndb-mariadb"],
                 "ndb-mariadb/sync": "#8172b3", "ndb-sqlite/async": COLORS["ndb-sqlite"],
                 "ndb-sqlite/sync": "#937860", "hashmap": COLORS["hashmap"],
-                "ndb-mariadb/async/or100": "#da8bc3", "ndb-mariadb/async/render": "#55a868"}
+                "ndb-mariadb/async/or100": "#da8bc3", "ndb-mariadb/async/render": "#55a868",
+                "ndb-mariadb/async/process": "#c44e52"}
 
 
 def snapshot_panel(snap: dict | None, ax: Any) -> None:
@@ -1753,11 +1769,12 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
                                              rounds)
     part_done(order[1])
     if "snapshot" in parts:
-        job_kinds: list[tuple[str, bool | None, int | None, bool]] = [
-            ("rocksdb", None, None, False), ("ndb-mariadb", True, None, False),
-            ("ndb-mariadb", True, None, True), ("ndb-mariadb", False, None, False)]
+        job_kinds: list[tuple[str, bool | None, int | None, str]] = [
+            ("rocksdb", None, None, "thread"), ("ndb-mariadb", True, None, "thread"),
+            ("ndb-mariadb", True, None, "render-process"),
+            ("ndb-mariadb", True, None, "process"), ("ndb-mariadb", False, None, "thread")]
         if not quick:
-            job_kinds += [("ndb-sqlite", True, None, False)]
+            job_kinds += [("ndb-sqlite", True, None, "thread")]
         results["snapshot"] = bench_snapshot(
             [1_000, 10_000] if quick else [1_000, 10_000, 100_000], 2 if quick else 3,
             mysql_url, parallelism, 10 if quick else 40, job_kinds, warmup=not quick)

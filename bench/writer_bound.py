@@ -8,8 +8,9 @@ GIL. This measures how much: part 3's checkpoint job and part 7's user-profile j
 alternately on pyflink-ndb MariaDB
 
 * as released;
-* with `write.render-process: true` (the part of the writer's work that can leave the
-  interpreter today);
+* with `write.render-process: true` (the child renders, the writer executes);
+* with `write.process: true` (the child renders and executes the statements; the writer
+  collects the rows, writes the snapshot row and collects garbage);
 * "hand-over only": a copy of the package whose writer only does what a writer process
   would leave in the TaskManager's interpreter — the frozen epoch's entries as flat
   tuples, pickled and written to a pipe that a child process drains — and then writes
@@ -101,7 +102,7 @@ _PAUSE = """
 import json, statistics, sys
 sys.path.insert(0, {root!r})
 from bench.run import pause_job, steadiness
-r = pause_job("ndb-mariadb", True, {seconds}, {url!r}, 2, None, {render_process})
+r = pause_job("ndb-mariadb", True, {seconds}, {url!r}, 2, None, {writer!r})
 e = steadiness(r)
 print("RESULT", json.dumps({{"records_per_s": r["records_per_s"], "cv": e["cv"],
     "write_ratio": e["write_seconds_ratio"], "checkpoints": len(r["checkpoints"]),
@@ -135,6 +136,7 @@ def patched_copy(folder: Path, variant: str) -> Path:
 #: The variants: (key, label).
 VARIANTS = (("released", "as released"),
             ("render-process", "`write.render-process: true`"),
+            ("process", "`write.process: true`"),
             ("handover", "hand-over only (experiment: nothing durable)"),
             ("none", "none (experiment: nothing durable)"))
 
@@ -145,7 +147,7 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
     process of its own: `variant` a key of :data:`VARIANTS` (a patched one: its copy of
     `copies` first on `PYTHONPATH`)."""
     patched = variant in PATCHES
-    render_process = variant == "render-process"
+    writer = variant if variant in ("render-process", "process") else "thread"
     from bench.run import WORK
 
     logs = Path(os.environ.get("FLINK_LOG_DIR", str(WORK / "flink-log")))
@@ -156,7 +158,7 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
     env["PYTHONPATH"] = os.pathsep.join(path + [p for p in [env.get("PYTHONPATH")] if p])
     if job == "pause":
         code = _PAUSE.format(root=str(ROOT), seconds=seconds, url=url,
-                             render_process=render_process)
+                             writer=writer)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env=env, cwd=ROOT)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -167,7 +169,8 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
         return got
     work = Path(tempfile.mkdtemp(prefix="writer-bound-profile-"))
     try:
-        backend = "ndb-mariadb-render" if render_process else "ndb-mariadb"
+        backend = {"render-process": "ndb-mariadb-render",
+                   "process": "ndb-mariadb-process"}.get(writer, "ndb-mariadb")
         out = subprocess.run([sys.executable, "-m", "bench.profile", backend,
                               "--duration", str(seconds), "--mysql-url", url,
                               "--work", str(work / "w")],
@@ -201,15 +204,20 @@ def _check_package(got: dict[str, Any], patched: bool) -> None:
 @click.option("--seconds", default=40.0, show_default=True, help="Per run.")
 @click.option("--job", "jobs", multiple=True, type=click.Choice(["pause", "profile"]),
               default=("pause", "profile"), show_default=True)
-def main(mysql_url: str, rounds: int, seconds: float, jobs: tuple[str, ...]) -> None:
-    """Alternate the :data:`VARIANTS` of each job; print JSON lines, then medians."""
+@click.option("--variant", "variants", multiple=True,
+              type=click.Choice([v for v, _ in VARIANTS]), help="Default: all.")
+def main(mysql_url: str, rounds: int, seconds: float, jobs: tuple[str, ...],
+         variants: tuple[str, ...]) -> None:
+    """Alternate the :data:`VARIANTS` (or those named) of each job; print JSON lines,
+    then medians."""
     folder = Path(tempfile.mkdtemp(prefix="writer-bound-"))
     try:
-        copies = {v: patched_copy(folder / v, v) for v in PATCHES}
+        chosen = [(v, label) for v, label in VARIANTS if not variants or v in variants]
+        copies = {v: patched_copy(folder / v, v) for v, _ in chosen if v in PATCHES}
         rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(rounds):
             for job in jobs:
-                for variant, _label in VARIANTS:
+                for variant, _label in chosen:
                     got = one_run(job, variant, copies, mysql_url, seconds)
                     rows.setdefault((job, variant), []).append(got)
                     click.echo(json.dumps({"job": job, "variant": variant, **got}))

@@ -76,6 +76,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "slice. `false`: the writer renders on its own thread, under the lock. A "
                "child that fails is replaced (3 times at most); meanwhile the writer "
                "renders itself."),
+    OptionSpec("write.process", "write_process", False,
+               "MySQL-protocol stores with `write.async` (ignored otherwise): render and "
+               "write each checkpoint's rows from a Python process of its own per subtask "
+               "(the render process of `write.render-process`, which then also executes "
+               "the statements, fenced, on a connection of its own), so that the "
+               "TaskManager's interpreter only collects the frozen rows and writes the "
+               "snapshot row. A child that fails is replaced (3 times at most); meanwhile "
+               "the writer renders and writes itself. Implies `write.render-process`."),
     OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,
                "Bound (bytes, estimated: values + keys + 120 per entry) of the frozen "
                "checkpoints not yet written; a checkpoint that would exceed it waits in "
@@ -169,6 +177,7 @@ class NdbStateOptions:
     write_batch_rows: int = 500
     write_async: bool = True
     write_render_process: bool = False
+    write_process: bool = False
     write_max_pending_bytes: int = 256 * 1024 * 1024
     python_gc_freeze: bool = True
     restore_mode: str = "lazy"

@@ -18,20 +18,12 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import NamedTuple
 
-from pyflink_ndb.stores.base import WriteRow
+from pyflink_ndb.stores.base import Deletion, WriteRow
 from pyflink_ndb.stores.lineage import Ranges, in_ranges
 
 EntryRef = tuple[int, int, bytes]  # key group, state id, ukey
 
-
-class Deletion(NamedTuple):
-    """Delete one version (all its chunks) of one entry. A named tuple: the collector makes
-    one per superseded version, on the writer thread that shares the task threads' GIL."""
-
-    key_group: int
-    state_id: int
-    ukey: bytes
-    version: int
+__all__ = ["Deletion", "EntryRef", "EntryVersions", "VersionLedger", "versions_to_keep"]
 
 
 #: What the ledger stores per entry: (versions ascending, their tombstone flags, complete).

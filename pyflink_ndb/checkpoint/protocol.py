@@ -64,7 +64,7 @@ from pyflink_ndb.stores.lineage import (
     subtract,
     version_of,
 )
-from pyflink_ndb.stores.render_process import Rendered, RenderProcess
+from pyflink_ndb.stores.render_process import STALL_SECONDS, Rendered, RenderProcess
 from pyflink_ndb.tiers.table import FrozenEpoch, TieredTable
 
 log = logging.getLogger(__name__)
@@ -437,11 +437,21 @@ class CheckpointProtocol:
         version = version_of(self.branch, checkpoint_id)
         started = time.perf_counter()
         between = None if self.writer.inline else self.writer.check_cancelled
-        rows, slices = self._render(frozen, version, between)
+        process = self._render_process() if self.options.write_process else None
+        if process is not None:  # rendered and written by the write process
+            rows, slices = self.table.render(frozen, None, between), None
+        else:
+            rows, slices = self._render(frozen, version, between)
         try:
-            written = self.wstore.write_versions(
-                fence, version, rows, self.options.value_max_bytes, between,
-                rendered=None if slices is None else chain.from_iterable(slices))
+            if process is not None:
+                written = process.write(
+                    self.wstore, fence, version, rows, self._json_renderers, self._json_of,
+                    self.table.key_json, between, self.options.value_max_bytes,
+                    stall_s=self._process_stall_s)
+            else:
+                written = self.wstore.write_versions(
+                    fence, version, rows, self.options.value_max_bytes, between,
+                    rendered=None if slices is None else chain.from_iterable(slices))
             if between is not None:
                 between()
             self.wstore.insert_snapshot(fence, checkpoint_id, kind, self.scope.job_id)
@@ -490,12 +500,18 @@ class CheckpointProtocol:
         return rows, process.slices(version, rows, self._json_renderers, self._json_of,
                                     self.table.key_json, between)
 
+    @property
+    def _process_stall_s(self) -> float:
+        """Seconds a store call of the write process may go without a byte from it: the
+        child retries as the store does, so at least the retry deadline."""
+        return self.options.db_retry_deadline_ms / 1000 + STALL_SECONDS
+
     def _render_process(self) -> RenderProcess | None:
         """The render process, created at the first epoch that may use it; None without
         the option, on a store that renders no literals, inline or after it gave up."""
         if self.render_process is None:
-            if not (self.options.write_render_process and self.wstore.renders_literals
-                    and not self.writer.inline):
+            if not ((self.options.write_render_process or self.options.write_process)
+                    and self.wstore.renders_literals and not self.writer.inline):
                 return None
             self.render_process = RenderProcess(
                 f"{self.scope.operator}/{self.scope.subtask_index}")
@@ -811,12 +827,18 @@ class CheckpointProtocol:
         removed = 0
         batch: list[Deletion] = []
         refs: list[tuple[EntryRef, set[int]]] = []
+        process = self._render_process() if self.options.write_process else None
         for n, (ref, drop) in enumerate(dropped, 1):
             batch.extend(Deletion(ref[0], ref[1], ref[2], v) for v in sorted(drop))
             refs.append((ref, drop))
             if len(batch) >= GC_ENTRIES_PER_YIELD or n == len(dropped):
                 pause()
-                removed += self.wstore.delete_exact(fence, batch)
+                if process is not None:  # deleted by the write process
+                    removed += process.delete_exact(
+                        self.wstore, fence, batch, self.writer.check_closing,
+                        self._process_stall_s)
+                else:
+                    removed += self.wstore.delete_exact(fence, batch)
                 for done_ref, done_drop in refs:
                     self.ledger.forget_versions(done_ref, done_drop)
                 batch, refs = [], []

@@ -323,6 +323,13 @@ class BackgroundWriter:
         time.sleep(min(used * WRITER_PACE, MAX_PACE_SLEEP_S) if used > 0 else 0)
         self._cpu_mark = time.thread_time()
 
+    def check_closing(self) -> None:
+        """Raise :class:`WriteCancelled` when closing; nothing else (no pacing, no
+        preemption): the cancellation point of a wait for the write process, which a
+        preemption would have to stop in the middle of a statement."""
+        if self._s.closing:
+            raise WriteCancelled(self.name)
+
     def _loop(self) -> None:
         while True:
             with self._cv:

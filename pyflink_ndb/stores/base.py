@@ -83,6 +83,16 @@ class StoredVersion:
     expires_at_ms: int | None
 
 
+class Deletion(NamedTuple):
+    """Delete one version (all its chunks) of one entry. A named tuple: the collector makes
+    one per superseded version, on the writer thread that shares the task threads' GIL."""
+
+    key_group: int
+    state_id: int
+    ukey: bytes
+    version: int
+
+
 class WriteRow(NamedTuple):
     """One entry to write in an epoch: a value, or a tombstone when `tombstone` is True.
 
@@ -345,6 +355,15 @@ class StateStore(ABC):
         twin.retries = 0
         twin.connect()
         return twin
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickle (and a copy) of a store holds its place and settings, never its
+        connection: the write process (:mod:`pyflink_ndb.stores.render_process`) unpickles
+        the writer's store and connects it with :meth:`connect`."""
+        state = self.__dict__.copy()
+        state["_conn"] = None
+        state["_closed"] = True
+        return state
 
     def connect(self) -> None:
         """Connect without creating or checking tables (for `pyflink-ndb migrate`)."""
@@ -959,8 +978,6 @@ class StateStore(ABC):
         """
         if not state_ids:
             return 0
-        from pyflink_ndb.checkpoint.gc import Deletion
-
         marks = ", ".join("?" for _ in state_ids)
         svis, sparams = visible("s.version", ranges)
         tvis, tparams = visible("t.version", ranges)

@@ -48,12 +48,17 @@ import sys
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from pyflink_ndb.errors import SerializationError
+from pyflink_ndb.errors import (
+    FencedError,
+    SerializationError,
+    StoreUnavailableError,
+    ValueTooLargeError,
+)
 from pyflink_ndb.serialization.keys import KeyJsonMemo
 from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
-from pyflink_ndb.stores.base import WriteRow, row_params
+from pyflink_ndb.stores.base import Deletion, Fence, StateStore, WriteRow, row_params
 from pyflink_ndb.stores.mysql import render_state_row
 
 log = logging.getLogger(__name__)
@@ -166,19 +171,92 @@ def slice_bounds(rows: Sequence[WriteRow]) -> list[tuple[int, int]]:
 
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """The child's loop: answer each request frame with a reply frame until the input
-    closes."""
+    closes. A request is `("render", version, rows, renderers)` (reply: `(rendered,
+    undecodable)`, see :func:`render_rows`), `("write", store, fence, version, rows,
+    renderers)` or `("delete", store, fence, deletions)` (see :func:`_serve_store`)."""
+    if not logging.getLogger().handlers:  # the store's retries, on the TaskManager's stderr
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                            format="pyflink-ndb write process %(process)d: %(message)s")
     key_json = KeyJsonMemo()
-    while True:
+    stores: dict[bytes, StateStore] = {}
+
+    def read() -> Any:
         header = requests.read(_HEADER.size)
         if len(header) < _HEADER.size:
-            return
+            return None
         (size,) = _HEADER.unpack(header)
-        version, rows, renderers = pickle.loads(requests.read(size))
-        reply = pickle.dumps(render_rows(version, [WriteRow(*r) for r in rows], renderers,
-                                         key_json), protocol=5)
-        replies.write(_HEADER.pack(len(reply)))
-        replies.write(reply)
+        return pickle.loads(requests.read(size))
+
+    def reply(message: object) -> None:
+        frame = pickle.dumps(message, protocol=5)
+        replies.write(_HEADER.pack(len(frame)))
+        replies.write(frame)
         replies.flush()
+
+    while (request := read()) is not None:
+        if request[0] == "render":
+            _, version, rows, renderers = request
+            reply(render_rows(version, [WriteRow(*r) for r in rows], renderers, key_json))
+        else:
+            reply(_serve_store(request, stores, key_json, read, reply))
+
+
+def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
+                 key_json: KeyJsonMemo, read: Callable[[], Any],
+                 reply: Callable[[object], None]) -> tuple[Any, ...]:
+    """The child's part of :meth:`RenderProcess.write` (one slice) and
+    :meth:`RenderProcess.delete_exact`, on the child's own connection: `store` is the
+    writer's store, pickled without its connection (the child connects once per distinct
+    store and keeps the connection).
+
+    A write renders its rows as :func:`render_rows` does and writes them with
+    :meth:`StateStore.write_versions`; rows whose value the child cannot unpickle are asked
+    for first: the reply `("undecodable", indexes)` is answered by a request
+    `("literals", {index: rendered})`, rendered by the writer. A delete runs
+    :meth:`StateStore.delete_exact`.
+
+    :returns: the final reply, `("done", rows, retries)` (rows written or deleted, the
+        store's retries meanwhile) or `("error", kind, message)` with kind `fenced`,
+        `unavailable`, `too-large` or `failed` (any other error: the writer does the work
+        itself).
+    """
+    kind, store_bytes, fence, *args = request
+    try:
+        store = stores.get(store_bytes)
+        if store is None:
+            for old in stores.values():
+                old.close()
+            stores.clear()
+            store = pickle.loads(store_bytes)
+            store.connect()
+            stores[store_bytes] = store
+        before = store.retries
+        if kind == "delete":
+            done = store.delete_exact(fence, [Deletion(*d) for d in args[0]])
+            return ("done", done, store.retries - before)
+        version, rows, renderers = args
+        rows = [WriteRow(*r) for r in rows]
+        rendered, undecodable = render_rows(version, rows, renderers, key_json)
+        if undecodable:
+            reply(("undecodable", undecodable))
+            answer = read()
+            if answer is None or answer[0] != "literals":
+                raise RenderProcessError("the writer did not send the undecodable rows")
+            for index, literals in answer[1].items():
+                rendered[index] = literals
+        done = store.write_versions(fence, version, rows, None, None, rendered=rendered)
+        return ("done", done, store.retries - before)
+    except FencedError as err:
+        return ("error", "fenced", str(err))
+    except StoreUnavailableError as err:
+        return ("error", "unavailable", str(err))
+    except ValueTooLargeError as err:
+        return ("error", "too-large", str(err))
+    except Exception as err:  # the writer does the work itself and reports it
+        for old in stores.values():
+            old.close()
+        stores.clear()
+        return ("error", "failed", f"{type(err).__name__}: {err}")
 
 
 def python_executable() -> str | None:
@@ -208,6 +286,8 @@ class RenderProcess:
         self.starts = 0
         #: Epochs rendered by the child / by the writer after a failure (metrics, tests).
         self.rendered_epochs = 0
+        #: Epochs written by the child (`write.process`).
+        self.written_epochs = 0
         self.fallbacks = 0
         self._child: subprocess.Popen[bytes] | None = None
 
@@ -279,15 +359,152 @@ class RenderProcess:
             if in_flight:  # cancelled, failed or closed early: the reply would be stale
                 self._stop()
 
-    def _failed(self, err: BaseException) -> bool:
-        """Stop the failed child and log it; returns True (the epoch's other slices are
-        rendered by the writer)."""
+    def write(self, store: StateStore, fence: Fence, version: int, rows: Sequence[WriteRow],
+              renderers: Mapping[int, JsonRenderer],
+              json_of: Callable[[int, bytes], str | None],
+              key_json: Callable[[bytes], str | None],
+              between: Callable[[], None] | None = None,
+              value_max_bytes: int | None = None, stall_s: float | None = None) -> int:
+        """Write `rows` (without JSON, in (state, ukey) order) as `version` from the child
+        (`state.backend.ndb.write.process`): slice by slice (:func:`slice_bounds`), the
+        child renders each slice as :func:`render_rows` does and writes it with
+        :meth:`StateStore.write_versions` on a connection of its own to `store`'s
+        database, fenced by `fence`, in the same transactions; the next slice is sent
+        once the child reported the previous one committed. Returns the database rows
+        written, once every row is committed (the caller writes the snapshot row after,
+        on its own connection).
+
+        Every row's size is checked here first (:meth:`StateStore.check_sizes`), before
+        anything is written. A child that fails (exits, stalls for `stall_s` seconds,
+        answers garbage, or fails the write for any reason but the three below) is
+        stopped and logged, and the writer renders and writes the slice it was writing
+        and the rest itself, on `store` (the rows are idempotent upserts of `version`: a
+        slice the child committed in part is written again whole); rows whose value only
+        the writer can unpickle are rendered here and sent to the child.
+
+        :param stall_s: seconds a slice may take without a byte from the child (at least
+            the store's retry deadline: the child retries as the store does; None:
+            :data:`STALL_SECONDS`).
+        :raises FencedError: the branch no longer owns its key groups.
+        :raises StoreUnavailableError: the child's retries are spent.
+        :raises ValueTooLargeError: a key or value over its limit (nothing written).
+        """
+        store.check_sizes(rows, value_max_bytes, f"version {version}")
+        store_bytes = pickle.dumps(store, protocol=5)  # without its connection
+        states = dict(renderers)
+        written = 0
+        failed = not self.usable
+        for number, part in enumerate(rows[start:end] for start, end in slice_bounds(rows)):
+            if not failed:
+                def literals(indexes: list[int], part: Sequence[WriteRow] = part
+                             ) -> dict[int, list[bytes]]:
+                    return {i: render_row(version, part[i], json_of, key_json)
+                            for i in indexes}
+                done = self._store_call(
+                    ("write", store_bytes, fence, version, list(map(tuple, part)), states),
+                    len(part), literals, store, between, stall_s, start=number == 0)
+                if done is not None:
+                    written += done
+                    continue
+                failed = True
+            written += store.write_versions(
+                fence, version, part, None, between,
+                rendered=[render_row(version, row, json_of, key_json) for row in part])
+        if not failed:
+            self.written_epochs += 1
+        return written
+
+    def delete_exact(self, store: StateStore, fence: Fence, deletions: Sequence[Any],
+                     between: Callable[[], None] | None = None,
+                     stall_s: float | None = None) -> int:
+        """:meth:`StateStore.delete_exact` of `deletions` (each (key_group, state_id, ukey,
+        version)) run by the child on its own connection to `store`'s database (garbage
+        collection with `state.backend.ndb.write.process`); returns the rows deleted. A
+        child that fails leaves the work to the writer, on `store`, as in :meth:`write`
+        (deleting a version twice deletes nothing more).
+
+        :raises FencedError: the branch no longer owns its key groups.
+        :raises StoreUnavailableError: the child's retries are spent.
+        """
+        if self.usable and deletions:
+            done = self._store_call(
+                ("delete", pickle.dumps(store, protocol=5), fence, list(map(tuple, deletions))),
+                0, None, store, between, stall_s, start=True)
+            if done is not None:
+                return done
+        return store.delete_exact(fence, deletions)
+
+    def _store_call(self, request: tuple[Any, ...], rows: int,
+                    literals: Callable[[list[int]], dict[int, list[bytes]]] | None,
+                    store: StateStore, between: Callable[[], None] | None, stall_s: float | None,
+                    start: bool) -> int | None:
+        """Send `request` (see :func:`_serve_store`) and return the rows the child wrote or
+        deleted; None when the child failed (it is stopped and logged: the caller does the
+        work itself). Answers the child's question for undecodable rows (of the `rows`
+        rows sent) with `literals(indexes)`. `start`: start a child unless one runs; else
+        the one that took the earlier slices must still run.
+
+        :raises FencedError, StoreUnavailableError, ValueTooLargeError: as the child
+            reported them.
+        """
+        try:
+            try:
+                self._require_child(start)
+                self._send_frame(request, between)
+                answer = self._receive_frame(between, stall_s)
+                if (type(answer) is tuple and len(answer) == 2
+                        and answer[0] == "undecodable" and literals is not None):
+                    indexes = answer[1]
+                    if not (type(indexes) is list
+                            and all(type(i) is int and 0 <= i < rows for i in indexes)):
+                        raise RenderProcessError("it asked for rows that are not in the slice")
+                    self._send_frame(("literals", literals(indexes)), between)
+                    answer = self._receive_frame(between, stall_s)
+            except BaseException:
+                self._stop()  # cancelled or failed mid-request: its reply would be stale
+                raise
+            if not (type(answer) is tuple and len(answer) == 3 and (
+                    (answer[0] == "done" and type(answer[1]) is int
+                     and type(answer[2]) is int)
+                    or (answer[0] == "error" and type(answer[2]) is str and answer[1] in
+                        ("fenced", "unavailable", "too-large", "failed")))):
+                raise RenderProcessError(f"it answered a reply of the wrong shape "
+                                         f"({type(answer).__name__})")
+        except _CHILD_ERRORS as err:
+            self._failed(err, "done")
+            return None
+        if answer[0] == "done":
+            store.retries += answer[2]
+            return int(answer[1])
+        what, message = answer[1], answer[2]
+        if what == "fenced":
+            raise FencedError(message)
+        if what == "unavailable":
+            raise StoreUnavailableError(message)
+        if what == "too-large":
+            raise ValueTooLargeError(message)
+        self._failed(RenderProcessError(f"its work failed: {message}"), "done")
+        return None
+
+    def _send_frame(self, message: object, between: Callable[[], None] | None) -> None:
+        frame = pickle.dumps(message, protocol=5)
+        self._write(_HEADER.pack(len(frame)) + frame, between)
+
+    def _receive_frame(self, between: Callable[[], None] | None, stall_s: float | None
+                       ) -> Any:
+        (size,) = _HEADER.unpack(self._read(_HEADER.size, between, stall_s))
+        return pickle.loads(self._read(size, between, stall_s))
+
+    def _failed(self, err: BaseException, done: str = "rendered") -> bool:
+        """Stop the failed child and log it; returns True (the epoch's other slices, or
+        the rest of the work, are `done` by the writer)."""
         self._stop()
         self.fallbacks += 1
-        log.warning("pyflink-ndb %s: the render process failed (%s); the rest of this "
-                    "checkpoint is rendered by the writer%s", self.name,
+        log.warning("pyflink-ndb %s: the %s process failed (%s); the rest of this "
+                    "work is %s by the writer%s", self.name,
+                    "render" if done == "rendered" else "write",
                     err if isinstance(err, RenderProcessError)
-                    else f"{type(err).__name__}: {err}",
+                    else f"{type(err).__name__}: {err}", done,
                     "" if self.usable else ", and every later one too")
         return True
 
@@ -299,14 +516,20 @@ class RenderProcess:
         rendered the epoch's earlier slices.
 
         :raises RenderProcessError: no child runs (and `start` is False)."""
+        self._require_child(start)
+        # Plain tuples: pickling a named tuple calls back into Python for every row.
+        self._send_frame(("render", version, list(map(tuple, rows)), renderers), between)
+
+    def _require_child(self, start: bool) -> None:
+        """`start`: start a child unless one runs; else check that the child that got the
+        epoch's earlier slices still runs.
+
+        :raises RenderProcessError: it does not (or none could be started)."""
         if start:
             self._start()
         elif self._child is None or self._child.poll() is not None:
             raise RenderProcessError("it exited" if self._child is None else
                                      f"it exited with code {self._child.returncode}")
-        # Plain tuples: pickling a named tuple calls back into Python for every row.
-        frame = pickle.dumps((version, list(map(tuple, rows)), renderers), protocol=5)
-        self._write(_HEADER.pack(len(frame)) + frame, between)
 
     def _receive(self, rows: int, between: Callable[[], None] | None
                  ) -> tuple[Rendered, list[int]]:
@@ -317,8 +540,7 @@ class RenderProcess:
         :raises RenderProcessError: the reply is not of that shape (the child is broken:
             the writer must not write what it sent).
         """
-        (size,) = _HEADER.unpack(self._read(_HEADER.size, between))
-        reply = pickle.loads(self._read(size, between))
+        reply = self._receive_frame(between, None)
         if not (type(reply) is tuple and len(reply) == 2 and type(reply[0]) is list
                 and len(reply[0]) == rows and type(reply[1]) is list):
             raise RenderProcessError(f"it answered a reply of the wrong shape for {rows} "
@@ -359,14 +581,15 @@ class RenderProcess:
                  self._child.pid, python)
         return self._child
 
-    def _read(self, size: int, between: Callable[[], None] | None) -> bytes:
+    def _read(self, size: int, between: Callable[[], None] | None,
+              stall_s: float | None = None) -> bytes:
         child = self._child
         assert child is not None and child.stdout is not None
         fd = child.stdout.fileno()
         parts: list[bytes] = []
         progress = time.monotonic()
         while size:
-            if not self._ready(child, fd, False, between, progress):
+            if not self._ready(child, fd, False, between, progress, stall_s):
                 continue
             data = os.read(fd, min(size, 1 << 20))
             if not data:
@@ -395,12 +618,13 @@ class RenderProcess:
 
     @staticmethod
     def _ready(child: subprocess.Popen[bytes], fd: int, writing: bool,
-               between: Callable[[], None] | None, progress: float) -> bool:
+               between: Callable[[], None] | None, progress: float,
+               stall_s: float | None = None) -> bool:
         """Wait up to :data:`POLL_SECONDS` until `fd` can be written (`writing`) or read;
         False when it cannot yet, after `between()` and a check of the child.
 
-        :raises RenderProcessError: the child exited, or made no progress for
-            :data:`STALL_SECONDS` since `progress` (a monotonic time).
+        :raises RenderProcessError: the child exited, or made no progress for `stall_s`
+            seconds since `progress` (a monotonic time).
         """
         readable, writable, _ = select.select([] if writing else [fd],
                                               [fd] if writing else [], [], POLL_SECONDS)
@@ -410,8 +634,9 @@ class RenderProcess:
             between()
         if child.poll() is not None:
             raise RenderProcessError(f"it exited with code {child.returncode}")
-        if time.monotonic() - progress > STALL_SECONDS:
-            raise RenderProcessError(f"it made no progress for {STALL_SECONDS:.0f} s")
+        limit = STALL_SECONDS if stall_s is None else stall_s
+        if time.monotonic() - progress > limit:
+            raise RenderProcessError(f"it made no progress for {limit:.0f} s")
         return False
 
     def _stop(self) -> None:

@@ -1,0 +1,287 @@
+"""The write process (`state.backend.ndb.write.process`): the child renders and writes
+each epoch's rows on a connection of its own, and the stored rows are those of the
+writer's own writes; a child that fails, is killed mid-epoch or stops answering leaves the
+rest to the writer without losing or failing a checkpoint; a fenced or unavailable
+database fails the checkpoint as it does without the process; a close while the child
+writes leaves no visible epoch."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from conftest import drop_namespace, unique_namespace
+from pyflink.common import Types
+from pyflink.datastream.state import ValueStateDescriptor
+from test_render_process import _fill, _options, _rows, _run, namespaces  # noqa: F401
+
+from pyflink_ndb.errors import CheckpointError, FencedError
+from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.stores.render_process import MAX_STARTS, RenderProcess
+from pyflink_ndb.testing import LocalSubtask
+
+pytestmark = pytest.mark.mysql
+
+ANY = Types.PICKLED_BYTE_ARRAY()
+
+
+def _value(sub: LocalSubtask):
+    return sub.context.get_state(ValueStateDescriptor("v", ANY))
+
+
+def _restored_value(url: str, sub: LocalSubtask, tmp_path: Path, checkpoint_id: int,
+                    keys: list[str]) -> dict[str, object]:
+    ns = sub.backend.protocol.wstore.namespace
+    restored = LocalSubtask(open_store(_options(url, ns)), _options(url, ns),
+                            restored_checkpoint_id=checkpoint_id, storage=sub.storage,
+                            local_dir=str(tmp_path / (ns + "_again")))
+    try:
+        value = _value(restored)
+        out = {}
+        for key in keys:
+            restored.key(key)
+            out[key] = value.value()
+        return out
+    finally:
+        restored.close()
+
+
+def test_stored_rows_equal_those_of_the_writers_own_writes(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    stored = []
+    for write_process in (True, False):
+        ns = unique_namespace("wp")
+        namespaces.append(ns)
+        sub = _run(mysql_url, ns, tmp_path, write_process=write_process)
+        _fill(sub, 120, 1, 3)
+        process = sub.backend.protocol.render_process
+        if write_process:
+            assert process is not None and process.written_epochs == 3
+            assert process.rendered_epochs == 0  # not the render-only path
+            assert process.fallbacks == 0 and process.starts == 1
+            assert sub.backend.protocol.rows_written > 0
+        else:
+            assert process is None
+        sub.close()
+        stored.append(_rows(mysql_url, ns))
+    assert stored[0] == stored[1] and len(stored[0]) > 200
+    assert any(r[8] is not None for r in stored[0])  # JSON columns are written
+
+
+def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the_rest(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyflink_ndb.stores.render_process as render_process
+
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 16)
+    ns = unique_namespace("wp")
+    namespaces.append(ns)
+    sub = _run(mysql_url, ns, tmp_path, write_process=True)
+    value = _value(sub)
+    keys = [f"k{i}" for i in range(100)]
+    for key in keys:
+        sub.key(key)
+        value.update(("one", key))
+    sub.checkpoint(1)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process.written_epochs == 1
+    slices = []
+    real = RenderProcess._store_call
+
+    def kill_at_the_third(self, request, *args, **kwargs):
+        slices.append(request[0])
+        if slices.count("write") == 3 and request[0] == "write":
+            os.kill(self._child.pid, signal.SIGKILL)
+            self._child.wait()
+        return real(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(RenderProcess, "_store_call", kill_at_the_third)
+    for key in keys:
+        sub.key(key)
+        value.update(("two", key))
+    sub.checkpoint(2)  # slices 1-2 by the child, 3 on by the writer: no failed checkpoint
+    assert slices.count("write") == 3 and process.fallbacks == 1
+    assert process.written_epochs == 1
+    assert sub.backend.protocol.epochs_failed == 0
+    monkeypatch.setattr(RenderProcess, "_store_call", real)
+    for key in keys[:10]:
+        sub.key(key)
+        value.update(("three", key))
+    sub.checkpoint(3)  # a new child
+    assert process.starts == 2 and process.written_epochs == 2
+    sub.close()
+    assert process._child is None  # closed with the subtask
+    assert _restored_value(mysql_url, sub, tmp_path, 2, keys) == {k: ("two", k) for k in keys}
+    assert _restored_value(mysql_url, sub, tmp_path, 3, keys) == {
+        k: ("three" if i < 10 else "two", k) for i, k in enumerate(keys)}
+
+
+def test_a_failing_child_falls_back_and_nothing_is_lost(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    ns = unique_namespace("wp")
+    namespaces.append(ns)
+    sub = _run(mysql_url, ns, tmp_path, write_process=True)
+    protocol = sub.backend.protocol
+    protocol.render_process = RenderProcess("test", python="/bin/false")  # exits at once
+    _fill(sub, 40, 1, MAX_STARTS + 2)
+    process = protocol.render_process
+    assert process.fallbacks == MAX_STARTS and process.starts == MAX_STARTS
+    assert not process.usable and process.written_epochs == 0
+    assert protocol.epochs_failed == 0
+    sub.close()
+    got = _restored_value(mysql_url, sub, tmp_path, MAX_STARTS + 2, ["user-39"])
+    assert got["user-39"]["cp"] == MAX_STARTS + 2
+
+
+def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("pfn_only_in_this_interpreter_wp")
+
+    class Tags(list):  # a list subclass: its JSON is an array
+        __module__ = module.__name__
+    Tags.__qualname__ = "Tags"
+    module.Tags = Tags  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert pickle.loads(pickle.dumps(Tags([1]))) == [1]
+    ns = unique_namespace("wp")
+    namespaces.append(ns)
+    sub = _run(mysql_url, ns, tmp_path, write_process=True)
+    value = _value(sub)
+    sub.key("k")
+    value.update(Tags(["a", 1]))
+    sub.key("plain")
+    value.update(["b"])
+    sub.checkpoint(1)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process.written_epochs == 1 and process.fallbacks == 0
+    sub.close()
+    assert sorted(r[8] for r in _rows(mysql_url, ns)) == ['["a",1]', '["b"]']
+
+
+def test_a_write_fenced_in_the_child_fails_the_checkpoint_and_the_task(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = unique_namespace("wp")
+    namespaces.append(ns)
+    options = _options(mysql_url, ns, write_process=True, checkpoints_retained=8)
+    zombie = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "z"))
+    value = _value(zombie)
+    keys = [f"k{i}" for i in range(30)]
+    for key in keys:
+        zombie.key(key)
+        value.update("one")
+    zombie.checkpoint(1)
+    heir = None
+    real = RenderProcess._store_call
+
+    def claim_first(self, request, *args, **kwargs):  # a newer attempt claims first
+        nonlocal heir
+        if heir is None and request[0] == "write":
+            heir_options = _options(mysql_url, ns)
+            heir = LocalSubtask(open_store(heir_options), heir_options,
+                                restored_checkpoint_id=1, storage=zombie.storage,
+                                local_dir=str(tmp_path / "h"), attempt=1)
+        return real(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(RenderProcess, "_store_call", claim_first)
+    for key in keys:
+        zombie.key(key)
+        value.update("zombie")
+    with pytest.raises(FencedError):
+        zombie.checkpoint(2)
+    process = zombie.backend.protocol.render_process
+    assert process is not None and process.fallbacks == 0  # not the child's failure
+    assert heir is not None
+    heir_value = _value(heir)
+    for key in keys:
+        heir.key(key)
+        assert heir_value.value() == "one"
+    heir.close()
+    zombie.close()
+    assert {r[8] for r in _rows(mysql_url, ns) if r[8] is not None} == {'"one"'}
+
+
+def test_a_close_while_a_stopped_child_holds_the_write_leaves_no_visible_epoch(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ns = unique_namespace("wp")
+    namespaces.append(ns)
+    options = _options(mysql_url, ns, write_process=True, checkpoints_retained=8)
+    sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "s"))
+    value = _value(sub)
+    keys = [f"k{i}" for i in range(50)]
+    for key in keys:
+        sub.key(key)
+        value.update("one")
+    sub.checkpoint(1)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process._child is not None
+    child = process._child
+    os.kill(child.pid, signal.SIGSTOP)  # a frozen child (a paused cgroup, a debugger)
+    try:
+        for key in keys:
+            sub.key(key)
+            value.update("two")
+        sub.snapshot(2, durable=False)  # the writer sends it and waits for the child
+        assert sub.backend.protocol.writer.wait_for(
+            lambda: sub.backend.protocol.writer.writing() == 2, 10)
+        sub.crash()  # cancel: the writer stops waiting and kills the child
+        assert child.poll() is not None and process._child is None
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+    store = open_store(_options(mysql_url, ns))
+    try:
+        assert {r.epoch for r in store.list_snapshots(sub.operator)} == {1}
+    finally:
+        store.close()
+    assert _restored_value(mysql_url, sub, tmp_path, 1, keys) == {k: "one" for k in keys}
+    with pytest.raises(CheckpointError):
+        _restored_value(mysql_url, sub, tmp_path, 2, keys)
+
+
+def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_everything(
+        mysql_url: str, tmp_path: Path) -> None:
+    from tcp_proxy import TcpProxy
+
+    from pyflink_ndb.stores.mysql import parse_mysql_url
+
+    server = parse_mysql_url(mysql_url)
+    ns = unique_namespace("wp")
+    try:
+        with TcpProxy(server["host"], server["port"]) as proxy:
+            url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+            options = _options(url, ns, write_process=True, db_socket_timeout_ms=1500,
+                               db_retry_deadline_ms=1500, db_retry_max_attempts=2,
+                               checkpoints_retained=8)
+            sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "u"))
+            value = _value(sub)
+            keys = [f"k{i}" for i in range(40)]
+            for key in keys:
+                sub.key(key)
+                value.update("one")
+            sub.checkpoint(1)
+            process = sub.backend.protocol.render_process
+            assert process is not None and process.written_epochs == 1
+            for key in keys:
+                sub.key(key)
+                value.update("two")
+            proxy.set_black_hole(True)
+            proxy.cut_connections()
+            with pytest.raises(CheckpointError, match="could not be written"):
+                sub.snapshot(2)
+            assert process.fallbacks == 0  # the child reported it: not its own failure
+            assert sub.backend.protocol.entries_taken_back == len(keys)
+            proxy.set_black_hole(False)
+            sub.checkpoint(3)
+            assert process.written_epochs == 2
+            sub.close()
+            assert _restored_value(url, sub, tmp_path, 3, keys) == {k: "two" for k in keys}
+    finally:
+        drop_namespace(mysql_url, ns)
