@@ -474,7 +474,7 @@ class RenderProcess:
             self._failed(err, "done")
             return None
         if answer[0] == "done":
-            store.retries += answer[2]
+            store.retries += int(answer[2])
             return int(answer[1])
         what, message = answer[1], answer[2]
         if what == "fenced":
