@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -45,6 +46,11 @@ RECORD_TYPE = Types.TUPLE([Types.STRING(), Types.LONG(), Types.STRING()])
 #: the first record), after a random number of records, while the background writer
 #: writes an epoch, right after a checkpoint completed (completion and GC under way).
 CRASH_MODES = ("open", "records", "writing", "completed")
+#: A fault that is no crash (name it in `modes` to use it): SIGKILL the subtask's write
+#: process (`write.process`) while the writer writes an epoch, up to
+#: :data:`WRITE_PROCESS_KILLS` times; the attempt goes on (the writer writes the rest).
+KILL_WRITE_PROCESS = "kill-write-process"
+WRITE_PROCESS_KILLS = 2
 
 
 def log_event(path: str | None, event: str, **fields: Any) -> None:
@@ -198,6 +204,8 @@ class RandomCrashes(KeyedProcessFunction):
         self.subtask = runtime_context.get_index_of_this_subtask()
         parallelism = runtime_context.get_number_of_parallel_subtasks()
         self.seen = 0
+        self.kills = 0
+        self.killed_pid: int | None = None
         self.mode: str | None = None
         self.completed_at: int | None = None
         if self.attempt < self.crashes:
@@ -212,6 +220,11 @@ class RandomCrashes(KeyedProcessFunction):
             self._crash()
 
     def close(self) -> None:
+        process = self.backend.protocol.render_process
+        if process is not None:
+            log_event(self.events, "write_process", attempt=self.attempt,
+                      subtask=self.subtask, written_epochs=process.written_epochs,
+                      fallbacks=process.fallbacks, starts=process.starts)
         self.function.close()
 
     def _crash(self, writing: int | None = None) -> None:
@@ -221,6 +234,24 @@ class RandomCrashes(KeyedProcessFunction):
                   writing=writing)
         raise InjectedFailure(f"injected {self.mode} crash of attempt {self.attempt} "
                               f"after {self.seen} records (pyflink_ndb.faults)")
+
+    def _kill_write_process(self) -> None:
+        """SIGKILL the write process while the writer writes an epoch (each child once);
+        log `kill` with the checkpoint; after :data:`WRITE_PROCESS_KILLS` kills the plan
+        ends."""
+        protocol = self.backend.protocol
+        writing = protocol.writer.writing()
+        process = protocol.render_process
+        pid = process.pid if process is not None else None
+        if writing is None or pid is None or pid == self.killed_pid:
+            return
+        os.kill(pid, signal.SIGKILL)
+        self.killed_pid = pid
+        self.kills += 1
+        log_event(self.events, "kill", attempt=self.attempt, subtask=self.subtask,
+                  records=self.seen, writing=writing, pid=pid)
+        if self.kills >= WRITE_PROCESS_KILLS:
+            self.mode = None
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         self.seen += 1
@@ -242,6 +273,8 @@ class RandomCrashes(KeyedProcessFunction):
                 writing = protocol.writer.writing()
                 if writing is not None or self.seen >= 3 * self.threshold:
                     self._crash(writing)
+            elif self.mode == KILL_WRITE_PROCESS:
+                self._kill_write_process()
             elif self.mode == "completed":
                 if self.completed_at is None:
                     self.completed_at = protocol.completed

@@ -18,7 +18,7 @@ from pyflink_ndb.testing import FailOnceAfterCheckpoint
 pytestmark = pytest.mark.flink
 
 
-@pytest.fixture(params=["sqlite", "mysql", "mysql-render-process"])
+@pytest.fixture(params=["sqlite", "mysql", "mysql-render-process", "mysql-write-process"])
 def state_options(request, tmp_path, mysql_url):
     namespace = "e2e_" + uuid.uuid4().hex[:8]
     url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if request.param == "sqlite"
@@ -27,6 +27,8 @@ def state_options(request, tmp_path, mysql_url):
                "state.backend.ndb.cache.max-entries": "500"}
     if request.param == "mysql-render-process":
         options["state.backend.ndb.write.render-process"] = "true"
+    if request.param == "mysql-write-process":
+        options["state.backend.ndb.write.process"] = "true"
     yield options
     if request.param != "sqlite":
         drop_namespace(mysql_url, namespace)

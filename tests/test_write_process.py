@@ -285,3 +285,60 @@ def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_every
             assert _restored_value(url, sub, tmp_path, 3, keys) == {k: "two" for k in keys}
     finally:
         drop_namespace(mysql_url, ns)
+
+
+# -- a real job ---------------------------------------------------------------------------
+
+@pytest.mark.flink
+def test_a_job_whose_write_process_is_killed_mid_epoch_commits_every_record_once(
+        mysql_url: str, tmp_path: Path) -> None:
+    """The fault job of `make faults` on a MiniCluster with `write.process`: one subtask's
+    write process is killed (SIGKILL) twice while its writer writes an epoch
+    (`pyflink_ndb.faults.KILL_WRITE_PROCESS`); the job ends normally and its committed
+    state holds every record exactly once."""
+    from faults.harness import MiniJob
+
+    from pyflink_ndb.config import NdbStateOptions
+    from pyflink_ndb.faults import (
+        KILL_WRITE_PROCESS,
+        check_sequence_state,
+        read_events,
+        read_sequence_state,
+        write_sequence_input,
+    )
+
+    ns = unique_namespace("wpjob")
+    data, events = tmp_path / "input", tmp_path / "events"
+    model = write_sequence_input(data, 200, 150, 250, seed=7)
+    args = ["--input", str(data), "--url", mysql_url, "--namespace", ns,
+            "--parallelism", "2", "--checkpoint-ms", "300", "--events", str(events),
+            "--throttle-ms", "0.3", "--crashes", "1", "--seed", "3", "--max-records", "400",
+            "--modes", KILL_WRITE_PROCESS, "--restart-attempts", "5",
+            "--set", "state.backend.ndb.write.process=true",
+            "--set", "state.backend.ndb.cache.max-entries=100"]
+    try:
+        job = MiniJob(args, tmp_path / "job.log")
+        try:
+            rc = job.wait(600)
+        finally:
+            job.kill()
+        assert rc == 0, job.tail()
+        seen = read_events(events)
+        kills = [e for e in seen if e["event"] == "kill"]
+        assert kills, f"no kill while an epoch was written: {seen[-5:]}"
+        assert not [e for e in seen if e["event"] == "crash"]
+        killed = {(e["attempt"], e["subtask"]) for e in kills}
+        ends = [e for e in seen if e["event"] == "write_process"
+                and (e["attempt"], e["subtask"]) in killed]
+        assert ends, "the killed subtask did not report its write process at close"
+        # each kill made the writer either write the rest itself or start a new child
+        assert len({e["pid"] for e in kills}) == len(kills)  # each a child of its own
+        assert all(e["fallbacks"] + e["starts"] >= 2 for e in ends), ends
+        store = open_store(NdbStateOptions(url=mysql_url, namespace=ns))
+        try:
+            verdict = check_sequence_state(read_sequence_state(store), model)
+        finally:
+            store.close()
+        assert verdict.exact and verdict.lost == 0 and verdict.doubled == 0, verdict
+    finally:
+        drop_namespace(mysql_url, ns)

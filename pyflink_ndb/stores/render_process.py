@@ -292,6 +292,12 @@ class RenderProcess:
         self._child: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int | None:
+        """The running child's process id (None: none runs); for fault injection."""
+        child = self._child
+        return child.pid if child is not None and child.poll() is None else None
+
+    @property
     def usable(self) -> bool:
         """False once :data:`MAX_STARTS` children failed: the writer renders itself."""
         return self._child is not None or self.starts < MAX_STARTS
