@@ -342,3 +342,48 @@ def test_a_job_whose_write_process_is_killed_mid_epoch_commits_every_record_once
         assert verdict.exact and verdict.lost == 0 and verdict.doubled == 0, verdict
     finally:
         drop_namespace(mysql_url, ns)
+
+
+def test_the_childs_retry_warnings_reach_the_writers_log_not_an_inherited_stderr(
+        mysql_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by `make faults` with `write.process`: PyFlink starts the JVM with
+    `stderr=PIPE` and nobody reads it, so a child that logged its retries to an inherited
+    standard error blocked once the pipe was full (a write held for 210 s). The child's
+    standard error is /dev/null; its warnings come back with its replies and are logged
+    by the writer."""
+    import logging
+
+    from tcp_proxy import TcpProxy
+
+    from pyflink_ndb.stores.mysql import parse_mysql_url
+
+    server = parse_mysql_url(mysql_url)
+    ns = unique_namespace("wp")
+    try:
+        with TcpProxy(server["host"], server["port"]) as proxy:
+            url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+            options = _options(url, ns, write_process=True, checkpoints_retained=8)
+            sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "l"))
+            value = _value(sub)
+            for key in ("a", "b"):
+                sub.key(key)
+                value.update("one")
+            sub.checkpoint(1)
+            process = sub.backend.protocol.render_process
+            assert process is not None and process.pid is not None
+            assert os.readlink(f"/proc/{process.pid}/fd/2") == "/dev/null"
+            proxy.cut_connections()  # the child's idle connection is gone
+            for key in ("a", "b"):
+                sub.key(key)
+                value.update("two")
+            with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
+                sub.checkpoint(2)
+            lines = [r.getMessage() for r in caplog.records if "write process: " in r.getMessage()]
+            assert any("failed at" in line and "retrying" in line for line in lines), \
+                caplog.text
+            assert process.fallbacks == 0 and process.written_epochs == 2
+            sub.close()
+            assert _restored_value(url, sub, tmp_path, 2, ["a", "b"]) == {"a": "two",
+                                                                        "b": "two"}
+    finally:
+        drop_namespace(mysql_url, ns)

@@ -1,5 +1,8 @@
 """Rendering an epoch's state rows as SQL literals in a child process, off the interpreter
-lock (`state.backend.ndb.write.render-process`).
+lock (`state.backend.ndb.write.render-process`), and with `state.backend.ndb.write.process`
+writing them there too (:meth:`RenderProcess.write`, :meth:`RenderProcess.delete_exact`:
+the child executes the statements on a fenced connection of its own; docs/protocol.md,
+"Writing off the GIL too").
 
 In thread mode the task threads and the background writer share one interpreter and its
 lock (java-bridge/README.md): every microsecond of Python the writer spends on an epoch is
@@ -20,8 +23,9 @@ holds one slice, the writer at most two slices' rendered text, whatever the epoc
 Protocol: frames of an 8-byte big-endian length and a pickle on the child's stdin and
 stdout, one request and its reply at a time (a request is sent only after the previous
 reply was read in full, so neither side blocks on a full pipe while the other writes); a
-request is `(version, rows, renderers)` (rows as the tuples of :class:`WriteRow` without
-JSON, :class:`JsonRenderer` by state id), a reply `(rendered, undecodable)`: per row the
+request is `("render", version, rows, renderers)` (rows as the tuples of :class:`WriteRow`
+without JSON, :class:`JsonRenderer` by state id; the write process's requests are in
+:func:`_serve_store`), a reply `(rendered, undecodable)`: per row the
 rendered database rows, and the indexes of the rows whose value the child could not
 unpickle (a class that only the TaskManager's interpreter can import), which the writer
 renders itself, so the JSON column is the same as without the process.
@@ -63,6 +67,8 @@ from pyflink_ndb.stores.mysql import render_state_row
 
 log = logging.getLogger(__name__)
 
+#: Log lines of the write process that one reply carries at most (then a count).
+MAX_LOG_LINES = 50
 #: Children started per subtask before the writer gives up on them and renders itself.
 MAX_STARTS = 3
 #: Seconds between two checks of the writer's cancellation while it waits for the child.
@@ -174,9 +180,10 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     closes. A request is `("render", version, rows, renderers)` (reply: `(rendered,
     undecodable)`, see :func:`render_rows`), `("write", store, fence, version, rows,
     renderers)` or `("delete", store, fence, deletions)` (see :func:`_serve_store`)."""
-    if not logging.getLogger().handlers:  # the store's retries, on the TaskManager's stderr
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                            format="pyflink-ndb write process %(process)d: %(message)s")
+    logs = _LogLines()
+    root = logging.getLogger()
+    root.handlers[:] = [logs]  # the store's retries go back to the writer with the reply
+    root.setLevel(logging.WARNING)
     key_json = KeyJsonMemo()
     stores: dict[bytes, StateStore] = {}
 
@@ -198,7 +205,34 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             _, version, rows, renderers = request
             reply(render_rows(version, [WriteRow(*r) for r in rows], renderers, key_json))
         else:
-            reply(_serve_store(request, stores, key_json, read, reply))
+            reply((*_serve_store(request, stores, key_json, read, reply), logs.take()))
+
+
+class _LogLines(logging.Handler):
+    """The child's log records (the store's retry warnings), kept until the next reply
+    takes them to the writer, which logs them in the TaskManager's log: the child's
+    standard error is /dev/null (an inherited one can be a pipe nobody reads: PyFlink's
+    gateway starts the JVM with `stderr=PIPE`, and a child writing to it blocks once it
+    is full). At most :data:`MAX_LOG_LINES` per reply, then a count of the others."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self._lines: list[str] = []
+        self._dropped = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self._lines) < MAX_LOG_LINES:
+            self._lines.append(self.format(record))
+        else:
+            self._dropped += 1
+
+    def take(self) -> list[str]:
+        lines, self._lines = self._lines, []
+        if self._dropped:
+            lines.append(f"... and {self._dropped} more lines like these")
+            self._dropped = 0
+        return lines
 
 
 def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
@@ -215,10 +249,10 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
     `("literals", {index: rendered})`, rendered by the writer. A delete runs
     :meth:`StateStore.delete_exact`.
 
-    :returns: the final reply, `("done", rows, retries)` (rows written or deleted, the
-        store's retries meanwhile) or `("error", kind, message)` with kind `fenced`,
-        `unavailable`, `too-large` or `failed` (any other error: the writer does the work
-        itself).
+    :returns: the final reply without its log lines (:func:`serve` adds them),
+        `("done", rows, retries)` (rows written or deleted, the store's retries meanwhile)
+        or `("error", kind, message)` with kind `fenced`, `unavailable`, `too-large` or
+        `failed` (any other error: the writer does the work itself).
     """
     kind, store_bytes, fence, *args = request
     try:
@@ -469,13 +503,17 @@ class RenderProcess:
             except BaseException:
                 self._stop()  # cancelled or failed mid-request: its reply would be stale
                 raise
-            if not (type(answer) is tuple and len(answer) == 3 and (
+            if not (type(answer) is tuple and len(answer) == 4 and (
                     (answer[0] == "done" and type(answer[1]) is int
                      and type(answer[2]) is int)
                     or (answer[0] == "error" and type(answer[2]) is str and answer[1] in
-                        ("fenced", "unavailable", "too-large", "failed")))):
+                        ("fenced", "unavailable", "too-large", "failed")))
+                    and type(answer[3]) is list
+                    and all(type(line) is str for line in answer[3])):
                 raise RenderProcessError(f"it answered a reply of the wrong shape "
                                          f"({type(answer).__name__})")
+            for line in answer[3]:
+                log.warning("pyflink-ndb %s: write process: %s", self.name, line)
         except _CHILD_ERRORS as err:
             self._failed(err, "done")
             return None
@@ -578,7 +616,7 @@ class RenderProcess:
         try:
             self._child = subprocess.Popen(
                 [python, "-c", BOOTSTRAP, package, str(digits)], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, env=env, close_fds=True)
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
         except OSError as err:
             raise RenderProcessError(f"cannot start {python}: {err}") from err
         assert self._child.stdin is not None
