@@ -514,7 +514,8 @@ class CheckpointProtocol:
                     and self.wstore.renders_literals and not self.writer.inline):
                 return None
             self.render_process = RenderProcess(
-                f"{self.scope.operator}/{self.scope.subtask_index}")
+                f"{self.scope.operator}/{self.scope.subtask_index}",
+                kind="write" if self.options.write_process else "render")
         return self.render_process if self.render_process.usable else None
 
     def settle(self, raise_fenced: bool = True) -> None:

@@ -312,10 +312,13 @@ class RenderProcess:
 
     :param name: for log messages (operator/subtask).
     :param python: the interpreter to start (None: :func:`python_executable`).
+    :param kind: what the child is called in log messages: "render" (default) or "write"
+        (`write.process`).
     """
 
-    def __init__(self, name: str, python: str | None = None) -> None:
+    def __init__(self, name: str, python: str | None = None, kind: str = "render") -> None:
         self.name = name
+        self.kind = kind
         self.python = python
         self.starts = 0
         #: Epochs rendered by the child / by the writer after a failure (metrics, tests).
@@ -546,7 +549,7 @@ class RenderProcess:
         self.fallbacks += 1
         log.warning("pyflink-ndb %s: the %s process failed (%s); the rest of this "
                     "work is %s by the writer%s", self.name,
-                    "render" if done == "rendered" else "write",
+                    self.kind,
                     err if isinstance(err, RenderProcessError)
                     else f"{type(err).__name__}: {err}", done,
                     "" if self.usable else ", and every later one too")
@@ -621,7 +624,7 @@ class RenderProcess:
             raise RenderProcessError(f"cannot start {python}: {err}") from err
         assert self._child.stdin is not None
         os.set_blocking(self._child.stdin.fileno(), False)  # see _write
-        log.info("pyflink-ndb %s: render process started (pid %d, %s)", self.name,
+        log.info("pyflink-ndb %s: %s process started (pid %d, %s)", self.name, self.kind,
                  self._child.pid, python)
         return self._child
 
