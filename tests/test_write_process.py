@@ -1,17 +1,13 @@
-"""The write process (`state.backend.ndb.write.process`): the child renders and writes
-each epoch's rows on a connection of its own, and the stored rows are those of the
-writer's own writes; a child that fails, is killed mid-epoch or stops answering leaves the
-rest to the writer without losing or failing a checkpoint; a fenced or unavailable
-database fails the checkpoint as it does without the process; a close while the child
-writes leaves no visible epoch."""
+"""The write process (`state.backend.ndb.write.process`): a child killed between two
+slices, a newer attempt fencing the child, a stopped child at a cancel, an unreachable
+database, the child's log lines, and a real job whose child is killed mid-epoch. The
+stored rows, a child that cannot start and values only the writer can unpickle are
+tested with the render process (tests/test_render_process.py, `CHILD_OPTIONS`)."""
 
 from __future__ import annotations
 
 import os
-import pickle
 import signal
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -20,9 +16,10 @@ from pyflink.common import Types
 from pyflink.datastream.state import ValueStateDescriptor
 from test_render_process import _fill, _options, _rows, _run, namespaces  # noqa: F401
 
+from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, FencedError
 from pyflink_ndb.stores.factory import open_store
-from pyflink_ndb.stores.render_process import MAX_STARTS, RenderProcess
+from pyflink_ndb.stores.render_process import RenderProcess
 from pyflink_ndb.testing import LocalSubtask
 
 pytestmark = pytest.mark.mysql
@@ -51,26 +48,23 @@ def _restored_value(url: str, sub: LocalSubtask, tmp_path: Path, checkpoint_id: 
         restored.close()
 
 
-def test_stored_rows_equal_those_of_the_writers_own_writes(
-        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
-    stored = []
-    for write_process in (True, False):
-        ns = unique_namespace("wp")
-        namespaces.append(ns)
-        sub = _run(mysql_url, ns, tmp_path, write_process=write_process)
-        _fill(sub, 120, 1, 3)
-        process = sub.backend.protocol.render_process
-        if write_process:
-            assert process is not None and process.written_epochs == 3
-            assert process.rendered_epochs == 0  # not the render-only path
-            assert process.fallbacks == 0 and process.starts == 1
-            assert sub.backend.protocol.rows_written > 0
-        else:
-            assert process is None
-        sub.close()
-        stored.append(_rows(mysql_url, ns))
-    assert stored[0] == stored[1] and len(stored[0]) > 200
-    assert any(r[8] is not None for r in stored[0])  # JSON columns are written
+def _process_options(url: str, made: list[str]) -> NdbStateOptions:
+    """Options with `write.process` on a new namespace, added to `made` (the namespaces
+    the test drops)."""
+    ns = unique_namespace("wp")
+    made.append(ns)
+    return _options(url, ns, write_process=True, checkpoints_retained=8)
+
+
+def _checkpointed(options, local_dir: Path, keys: list[str]):
+    """A subtask with `options` whose `keys` hold "one" in checkpoint 1; (it, its value)."""
+    sub = LocalSubtask(open_store(options), options, local_dir=str(local_dir))
+    value = _value(sub)
+    for key in keys:
+        sub.key(key)
+        value.update("one")
+    sub.checkpoint(1)
+    return sub, value
 
 
 def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the_rest(
@@ -121,62 +115,13 @@ def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the
         k: ("three" if i < 10 else "two", k) for i, k in enumerate(keys)}
 
 
-def test_a_failing_child_falls_back_and_nothing_is_lost(
-        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
-    ns = unique_namespace("wp")
-    namespaces.append(ns)
-    sub = _run(mysql_url, ns, tmp_path, write_process=True)
-    protocol = sub.backend.protocol
-    protocol.render_process = RenderProcess("test", python="/bin/false")  # exits at once
-    _fill(sub, 40, 1, MAX_STARTS + 2)
-    process = protocol.render_process
-    assert process.fallbacks == MAX_STARTS and process.starts == MAX_STARTS
-    assert not process.usable and process.written_epochs == 0
-    assert protocol.epochs_failed == 0
-    sub.close()
-    got = _restored_value(mysql_url, sub, tmp_path, MAX_STARTS + 2, ["user-39"])
-    assert got["user-39"]["cp"] == MAX_STARTS + 2
-
-
-def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
-        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    module = types.ModuleType("pfn_only_in_this_interpreter_wp")
-
-    class Tags(list):  # a list subclass: its JSON is an array
-        __module__ = module.__name__
-    Tags.__qualname__ = "Tags"
-    module.Tags = Tags  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    assert pickle.loads(pickle.dumps(Tags([1]))) == [1]
-    ns = unique_namespace("wp")
-    namespaces.append(ns)
-    sub = _run(mysql_url, ns, tmp_path, write_process=True)
-    value = _value(sub)
-    sub.key("k")
-    value.update(Tags(["a", 1]))
-    sub.key("plain")
-    value.update(["b"])
-    sub.checkpoint(1)
-    process = sub.backend.protocol.render_process
-    assert process is not None and process.written_epochs == 1 and process.fallbacks == 0
-    sub.close()
-    assert sorted(r[8] for r in _rows(mysql_url, ns)) == ['["a",1]', '["b"]']
-
-
 def test_a_write_fenced_in_the_child_fails_the_checkpoint_and_the_task(
         mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
-    ns = unique_namespace("wp")
-    namespaces.append(ns)
-    options = _options(mysql_url, ns, write_process=True, checkpoints_retained=8)
-    zombie = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "z"))
-    value = _value(zombie)
+    options = _process_options(mysql_url, namespaces)
+    ns = options.namespace
     keys = [f"k{i}" for i in range(30)]
-    for key in keys:
-        zombie.key(key)
-        value.update("one")
-    zombie.checkpoint(1)
+    zombie, value = _checkpointed(options, tmp_path / "z", keys)
     heir = None
     real = RenderProcess._store_call
 
@@ -208,18 +153,11 @@ def test_a_write_fenced_in_the_child_fails_the_checkpoint_and_the_task(
 
 
 def test_a_close_while_a_stopped_child_holds_the_write_leaves_no_visible_epoch(
-        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    ns = unique_namespace("wp")
-    namespaces.append(ns)
-    options = _options(mysql_url, ns, write_process=True, checkpoints_retained=8)
-    sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "s"))
-    value = _value(sub)
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    options = _process_options(mysql_url, namespaces)
+    ns = options.namespace
     keys = [f"k{i}" for i in range(50)]
-    for key in keys:
-        sub.key(key)
-        value.update("one")
-    sub.checkpoint(1)
+    sub, value = _checkpointed(options, tmp_path / "s", keys)
     process = sub.backend.protocol.render_process
     assert process is not None and process._child is not None
     child = process._child
@@ -260,13 +198,8 @@ def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_every
             options = _options(url, ns, write_process=True, db_socket_timeout_ms=1500,
                                db_retry_deadline_ms=1500, db_retry_max_attempts=2,
                                checkpoints_retained=8)
-            sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "u"))
-            value = _value(sub)
             keys = [f"k{i}" for i in range(40)]
-            for key in keys:
-                sub.key(key)
-                value.update("one")
-            sub.checkpoint(1)
+            sub, value = _checkpointed(options, tmp_path / "u", keys)
             process = sub.backend.protocol.render_process
             assert process is not None and process.written_epochs == 1
             for key in keys:
@@ -298,7 +231,6 @@ def test_a_job_whose_write_process_is_killed_mid_epoch_commits_every_record_once
     state holds every record exactly once."""
     from faults.harness import MiniJob
 
-    from pyflink_ndb.config import NdbStateOptions
     from pyflink_ndb.faults import (
         KILL_WRITE_PROCESS,
         check_sequence_state,
@@ -363,12 +295,7 @@ def test_the_childs_retry_warnings_reach_the_writers_log_not_an_inherited_stderr
         with TcpProxy(server["host"], server["port"]) as proxy:
             url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
             options = _options(url, ns, write_process=True, checkpoints_retained=8)
-            sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "l"))
-            value = _value(sub)
-            for key in ("a", "b"):
-                sub.key(key)
-                value.update("one")
-            sub.checkpoint(1)
+            sub, value = _checkpointed(options, tmp_path / "l", ["a", "b"])
             process = sub.backend.protocol.render_process
             assert process is not None and process.pid is not None
             assert os.readlink(f"/proc/{process.pid}/fd/2") == "/dev/null"

@@ -160,6 +160,13 @@ def render_row(version: int, row: WriteRow, json_of: Callable[[int, bytes], str 
     return [render_state_row(p).encode("ascii") for p in row_params(version, row)]
 
 
+def render_here(version: int, rows: Sequence[WriteRow],
+                json_of: Callable[[int, bytes], str | None],
+                key_json: Callable[[bytes], str | None]) -> Rendered:
+    """:func:`render_row` of each of `rows`, in the writer (when the child cannot)."""
+    return [render_row(version, row, json_of, key_json) for row in rows]
+
+
 def slice_bounds(rows: Sequence[WriteRow]) -> list[tuple[int, int]]:
     """(start, end) of each slice of `rows`: at most :data:`SLICE_ROWS` rows, and ended by
     the row whose key and value bytes reach :data:`SLICE_BYTES`."""
@@ -358,7 +365,7 @@ class RenderProcess:
         whose reply would be stale.
         """
         def here(part: Sequence[WriteRow]) -> Rendered:
-            return [render_row(version, row, json_of, key_json) for row in part]
+            return render_here(version, part, json_of, key_json)
 
         in_flight = False
 
@@ -452,7 +459,7 @@ class RenderProcess:
                 failed = True
             written += store.write_versions(
                 fence, version, part, None, between,
-                rendered=[render_row(version, row, json_of, key_json) for row in part])
+                rendered=render_here(version, part, json_of, key_json))
         if not failed:
             self.written_epochs += 1
         return written
