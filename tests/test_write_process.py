@@ -314,3 +314,25 @@ def test_the_childs_retry_warnings_reach_the_writers_log_not_an_inherited_stderr
                                                                         "b": "two"}
     finally:
         drop_namespace(mysql_url, ns)
+
+
+def test_a_pickled_store_has_no_connection_and_no_counter(mysql_url: str) -> None:
+    """The write process keeps one connection per distinct pickle of the writer's store:
+    the pickle must not change when the store's retries do (it would reconnect after
+    every retry), and must never carry the connection."""
+    import pickle
+
+    ns = unique_namespace("wp")
+    store = open_store(NdbStateOptions(url=mysql_url, namespace=ns))
+    try:
+        before = pickle.dumps(store, protocol=5)
+        store.retries += 3
+        assert pickle.dumps(store, protocol=5) == before
+        twin = pickle.loads(before)
+        assert twin._conn is None and twin.retries == 0
+        twin.connect()
+        assert twin._conn is not None and twin.describe() == store.describe()
+        twin.close()
+    finally:
+        store.close()
+        drop_namespace(mysql_url, ns)

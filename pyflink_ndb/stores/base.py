@@ -358,11 +358,14 @@ class StateStore(ABC):
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickle (and a copy) of a store holds its place and settings, never its
-        connection: the write process (:mod:`pyflink_ndb.stores.render_process`) unpickles
-        the writer's store and connects it with :meth:`connect`."""
+        connection: the write process (:mod:`pyflink_ndb.stores.render_process`)
+        unpickles the writer's store and connects it with :meth:`connect`. It keeps one
+        connection per distinct pickle, so the pickle holds no counter either
+        (:attr:`retries` is 0 in it)."""
         state = self.__dict__.copy()
         state["_conn"] = None
         state["_closed"] = True
+        state["retries"] = 0
         return state
 
     def connect(self) -> None:
