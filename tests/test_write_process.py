@@ -336,3 +336,29 @@ def test_a_pickled_store_has_no_connection_and_no_counter(mysql_url: str) -> Non
     finally:
         store.close()
         drop_namespace(mysql_url, ns)
+
+
+@pytest.mark.parametrize("where", ["synchronous flush", "sqlite"])
+def test_the_option_where_it_does_not_apply_is_logged_once(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        caplog: pytest.LogCaptureFixture, where: str) -> None:
+    """A fresh user set `write.process` with `write.async: false` and saw nothing say
+    that it was ignored."""
+    import logging
+
+    ns = unique_namespace("wp")
+    if where == "sqlite":
+        url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+        extra: dict[str, object] = {}
+    else:
+        url = mysql_url
+        namespaces.append(ns)
+        extra = {"write_async": False}
+    with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
+        sub = _run(url, ns, tmp_path, write_process=True, **extra)
+        _fill(sub, 10, 1, 3)
+    assert sub.backend.protocol.render_process is None
+    ignored = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+    assert len(ignored) == 1, caplog.text
+    assert "state.backend.ndb.write.process is ignored" in ignored[0]
+    sub.close()

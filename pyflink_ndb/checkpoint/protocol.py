@@ -208,6 +208,8 @@ class CheckpointProtocol:
         #: Renders epochs off the interpreter lock (`write.render-process`; created at the
         #: first epoch written).
         self.render_process: RenderProcess | None = None
+        #: The option that asks for it was logged as not applying here.
+        self._process_refused = False
         self.branch = 0
         self.lineage: Lineage | None = None
         self.fence: Fence | None = None
@@ -510,8 +512,17 @@ class CheckpointProtocol:
         """The render process, created at the first epoch that may use it; None without
         the option, on a store that renders no literals, inline or after it gave up."""
         if self.render_process is None:
-            if not ((self.options.write_render_process or self.options.write_process)
-                    and self.wstore.renders_literals and not self.writer.inline):
+            wanted = self.options.write_render_process or self.options.write_process
+            if not (wanted and self.wstore.renders_literals and not self.writer.inline):
+                if wanted and not self._process_refused:
+                    self._process_refused = True
+                    log.warning(
+                        "pyflink-ndb %s/%d: state.backend.ndb.write.%s is ignored: it "
+                        "applies to MySQL-protocol stores with write.async: true (this "
+                        "subtask writes %s)", self.scope.operator, self.scope.subtask_index,
+                        "process" if self.options.write_process else "render-process",
+                        "in the synchronous phase" if self.writer.inline
+                        else f"to {self.wstore.describe()}")
                 return None
             self.render_process = RenderProcess(
                 f"{self.scope.operator}/{self.scope.subtask_index}",
