@@ -293,10 +293,7 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
         return ("error", "unavailable", str(err))
     except ValueTooLargeError as err:
         return ("error", "too-large", str(err))
-    except Exception as err:  # the writer does the work itself and reports it
-        for old in stores.values():
-            old.close()
-        stores.clear()
+    except Exception as err:  # the writer stops this child and does the work itself
         return ("error", "failed", f"{type(err).__name__}: {err}")
 
 
