@@ -34,6 +34,8 @@ class _Link:
         self.client = client
         self.upstream = upstream
         self.closed = threading.Event()
+        #: Reset the link when the client first sends (see TcpProxy.drop_in_handshake).
+        self.drop_at_client_bytes = False
 
     def close(self) -> None:
         """Reset both sockets (RST, no lingering FIN handshake); wakes blocked recv()s."""
@@ -74,6 +76,7 @@ class TcpProxy:
         self._stopping = threading.Event()
         #: Connections accepted since the proxy was created (black-holed ones included).
         self.accepted = 0
+        self._drop_in_handshake = 0
 
     # -- life cycle -----------------------------------------------------------------------
     @property
@@ -144,6 +147,13 @@ class TcpProxy:
         connections that are still open (the dropped bytes stay lost)."""
         self._black_hole = enabled
 
+    def drop_in_handshake(self, connections: int) -> None:
+        """The next `connections` new connections reach the server and get its greeting,
+        then both sides are reset when the client first answers: a server that drops a
+        connection during the handshake (overloaded, or its `connect_timeout` passed)."""
+        with self._lock:
+            self._drop_in_handshake = connections
+
     @property
     def black_hole(self) -> bool:
         return self._black_hole
@@ -189,6 +199,9 @@ class TcpProxy:
             link = _Link(client, upstream)
             with self._lock:
                 self._links.add(link)
+                if upstream is not None and self._drop_in_handshake > 0:
+                    self._drop_in_handshake -= 1
+                    link.drop_at_client_bytes = True
             self._spawn(link, link.client, link.upstream)
             if upstream is not None:
                 self._spawn(link, upstream, link.client)
@@ -205,6 +218,8 @@ class TcpProxy:
                     break
                 if dst is None or self._black_hole:
                     continue  # read and dropped
+                if src is link.client and link.drop_at_client_bytes:
+                    break  # reset in the handshake (the finally closes the link)
                 dst.sendall(data)
         except OSError:
             pass

@@ -28,6 +28,7 @@ from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError
 from pyflink_ndb.stores.factory import create_store
 from pyflink_ndb.stores.mysql import (
     MysqlStateStore,
+    is_lost_while_connecting,
     is_transient_error,
     is_transient_warning,
     ndb_error_code,
@@ -480,6 +481,63 @@ def test_a_black_holed_server_fails_the_connect_within_the_socket_timeout(store,
     assert proxy.accepted == 1  # the TCP connect succeeded; the greeting never came
     assert SOCKET_TIMEOUT_S * 0.9 <= elapsed < SOCKET_TIMEOUT_S + SLACK_S
     assert is_transient_error(caught.value)
+
+
+@pytest.mark.parametrize(("err", "lost"), [
+    (pymysql.err.OperationalError(2006, "MySQL server has gone away (ConnectionResetError)"),
+     True),
+    (pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query"), True),
+    (ConnectionResetError(104, "Connection reset by peer"), True),
+    (pymysql.err.OperationalError(2003, "Can't connect to MySQL server (refused)"), False),
+    (pymysql.err.OperationalError(2002, "Can't connect to local server"), False),
+    (pymysql.err.OperationalError(1045, "Access denied for user"), False),
+    (pymysql.err.OperationalError(1049, "Unknown database"), False),
+], ids=lambda v: f"{type(v).__name__}{getattr(v, 'args', ())[:1]}" if not isinstance(v, bool)
+    else str(v))
+def test_only_a_connection_dropped_after_the_server_took_it_is_connected_again(err, lost):
+    assert is_lost_while_connecting(err) is lost
+    wrapped = StoreUnavailableError("Cannot reach the database at db:3306")
+    wrapped.__cause__ = err
+    assert is_lost_while_connecting(wrapped) is lost
+
+
+@pytest.mark.mysql
+def test_a_connection_dropped_in_the_handshake_is_connected_again(server, proxy):
+    """CI's failure of test_rescale_2_to_3_to_1: the server reset a new connection in the
+    handshake (error 2006) while a subtask forked its writer's store, and the test failed
+    with "Cannot reach the database". open(), connect() and fork() now try again."""
+    made = MysqlStateStore(
+        f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}",
+        "faults", password=server["password"], connect_timeout_s=2,
+        read_timeout_s=SOCKET_TIMEOUT_S, write_timeout_s=SOCKET_TIMEOUT_S,
+        retry=RetryPolicy(max_attempts=5, initial_backoff_ms=10, max_backoff_ms=50))
+    try:
+        proxy.drop_in_handshake(2)
+        made.open()
+        assert proxy.accepted == 3 and made.retries == 2
+        assert made._read("probe", "SELECT 1") == [(1,)]
+        proxy.drop_in_handshake(1)
+        twin = made.fork()
+        assert twin is not None and proxy.accepted == 5 and twin.retries == 1
+        assert twin._read("probe", "SELECT 2") == [(2,)]
+        twin.close()
+    finally:
+        made.close()
+
+
+@pytest.mark.mysql
+def test_a_refused_first_connection_fails_at_once(server, proxy):
+    """Nothing listens: reported without waiting out the retry deadline (the default
+    policy's 90 s), so a wrong port is named at once."""
+    port = proxy.port
+    proxy.stop()
+    made = MysqlStateStore(f"mysql://{server['user']}@127.0.0.1:{port}/{server['database']}",
+                           "faults", password=server["password"], connect_timeout_s=2)
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match=f"Cannot reach the database at "
+                                                    f"127.0.0.1:{port}"):
+        made.open()
+    assert time.monotonic() - start < 2.0 and made.retries == 0
 
 
 @pytest.mark.mysql

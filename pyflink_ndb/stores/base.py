@@ -294,6 +294,29 @@ class StateStore(ABC):
         """True for faults worth retrying on a fresh connection."""
         return False
 
+    def _is_lost_while_connecting(self, err: BaseException) -> bool:
+        """True for a fault of :meth:`_connect` worth another try: the server took the
+        connection and dropped it before it was ready. False for one that says the URL is
+        wrong or nothing listens (see :meth:`_open_connection`)."""
+        return False
+
+    def _open_connection(self) -> Any:
+        """A first connection (:meth:`_connect`), tried again under :attr:`retry_policy`
+        when the server accepted it and dropped it before it was ready
+        (:meth:`_is_lost_while_connecting`: a connection reset or lost during the
+        handshake, as an overloaded server or its `connect_timeout` does). A refused
+        connection, an unknown host or a wrong password fail at once, so a wrong URL is
+        reported without waiting out the retry deadline; Flink's restart strategy then
+        decides when the task tries again.
+
+        :raises StoreUnavailableError: the database cannot be reached, or the retries of a
+            dropped connection are spent.
+        """
+        return run_with_retries(self._connect, is_transient=self._is_lost_while_connecting,
+                                recover=lambda: None, policy=self.retry_policy,
+                                what="connect", where=self.describe(),
+                                on_retry=self._count_retry)
+
     def _translate_error(self, err: Exception) -> Exception | None:
         """A pyflink-ndb error for a driver error, or None to re-raise it unchanged."""
         return None
@@ -307,7 +330,7 @@ class StateStore(ABC):
         :raises StateCompatibilityError: the tables are missing (`create` False), have
             another layout, or hold row format 1 (the message names `pyflink-ndb migrate`).
         """
-        self._conn = self._connect()
+        self._conn = self._open_connection()
         self._closed = False
         try:
             self.check_format()
@@ -369,8 +392,12 @@ class StateStore(ABC):
         return state
 
     def connect(self) -> None:
-        """Connect without creating or checking tables (for `pyflink-ndb migrate`)."""
-        self._conn = self._connect()
+        """Connect without creating or checking tables (for `pyflink-ndb migrate`).
+
+        :raises StoreUnavailableError: the database cannot be reached
+            (:meth:`_open_connection`).
+        """
+        self._conn = self._open_connection()
         self._closed = False
 
     def check_format(self) -> None:
@@ -394,7 +421,7 @@ class StateStore(ABC):
         :raises StoreUnavailableError: the database cannot be reached.
         """
         if self._conn is None:
-            self._conn = self._connect()
+            self._conn = self._open_connection()
 
         def drop() -> None:
             for table in self.all_tables():
@@ -407,7 +434,7 @@ class StateStore(ABC):
 
         :raises StoreUnavailableError: the database cannot be reached.
         """
-        self._conn = self._connect()
+        self._conn = self._open_connection()
         try:
             return self.describe()
         finally:

@@ -42,6 +42,9 @@ _CR_SSL_CONNECTION_ERROR = 2026
 #: (2003 is also what a server restart gives), 2006 server gone away, 2013 lost during a
 #: query (pymysql's read timeout too), 2055 lost (MySQL 8 client).
 TRANSIENT_CLIENT_ERRORS = frozenset({2002, 2003, 2006, 2013, 2055})
+#: Client errors of a connection nobody took: 2002 CR_CONNECTION_ERROR (socket),
+#: 2003 CR_CONN_HOST_ERROR (TCP refused, or no answer within the connect timeout).
+_NOT_LISTENING = frozenset({2002, 2003})
 #: Server errors worth a retry of the whole transaction: 1053 ER_SERVER_SHUTDOWN, 1205
 #: ER_LOCK_WAIT_TIMEOUT (InnoDB; NDB's 266/274 "Time-out in NDB, probably caused by
 #: deadlock" reach the client as 1205 too), 1213 ER_LOCK_DEADLOCK, 1297
@@ -147,6 +150,29 @@ def is_transient_error(err: BaseException) -> bool:
         code = ndb_error_code(number, message)
         return code is not None and code in NDB_TRANSIENT_CODES
     return isinstance(err, TimeoutError | ConnectionError)
+
+
+def is_lost_while_connecting(err: BaseException) -> bool:
+    """True when a first connection failed after the server accepted it: lost or reset
+    during the handshake or the session set-up (2006, 2013, 2055, a reset socket), which
+    an overloaded server or its `connect_timeout` causes; worth another connect
+    (:meth:`StateStore._open_connection <pyflink_ndb.stores.base.StateStore._open_connection>`).
+    False for 2002/2003 (nothing listens, or no answer within the connect timeout), an
+    unknown host, a refused certificate or login, and every server error but the
+    transient ones of :func:`is_transient_error`.
+
+    :param err: what connecting raised (this package's :class:`StoreUnavailableError`
+        is judged by its `__cause__`).
+    """
+    cause: BaseException | None = err
+    if isinstance(err, StoreUnavailableError) and not isinstance(err, RetriesExhaustedError):
+        cause = err.__cause__
+    if cause is None:
+        return False
+    if isinstance(cause, pymysql.err.OperationalError) and cause.args and \
+            cause.args[0] in _NOT_LISTENING:
+        return False
+    return is_transient_error(cause)
 
 
 #: TLS modes of `?ssl_mode=` (the values of the MySQL client's `--ssl-mode`).
@@ -479,6 +505,10 @@ class MysqlStateStore(StateStore):
     def _is_transient(self, err: BaseException) -> bool:
         """See :func:`is_transient_error`."""
         return is_transient_error(err)
+
+    def _is_lost_while_connecting(self, err: BaseException) -> bool:
+        """See :func:`is_lost_while_connecting`."""
+        return is_lost_while_connecting(err)
 
     def describe(self) -> str:
         a = self._args
