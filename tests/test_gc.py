@@ -272,6 +272,54 @@ def test_ledger_forgets_deleted_versions_and_old_entries() -> None:
     assert len(ledger) == 2 and ledger.get(REF) is None
 
 
+@settings(max_examples=150, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(0, 3), version_sets, st.booleans()),
+                        max_size=12),
+       views_by_kg=st.lists(views_strategy, min_size=4, max_size=4),
+       keep_above=st.tuples(st.integers(1, 3), st.integers(0, 6)).map(
+           lambda be: version_of(*be)))
+def test_deciding_many_entries_at_once_equals_versions_to_keep_per_entry(
+        entries: list[tuple[int, dict[int, bool], bool]], views_by_kg: list[list[Ranges]],
+        keep_above: int) -> None:
+    """`VersionLedger.decide` (memoised per distinct case) and `forget_many` against
+    `versions_to_keep` and `forget_versions` per entry: the same versions dropped, the
+    same entries done, the same versions left; key groups 0 and 1 share their views, so
+    the memo is hit across key groups."""
+    views_by_kg[1] = list(views_by_kg[0])
+    ledger, reference = VersionLedger(), VersionLedger()
+    refs = []
+    for n, (kg, versions, complete) in enumerate(entries):
+        ref = (kg, 9, b"k%d" % n)
+        refs.append(ref)
+        for led in (ledger, reference):
+            led.learn(ref, sorted(versions.items())) if complete else [
+                led.record(ref, x, t) for x, t in sorted(versions.items())]
+    refs.append((0, 9, b"unknown"))  # not in the ledger: skipped
+    dropped, done = ledger.decide(refs, lambda kg: views_by_kg[kg], keep_above)
+    want_dropped, want_done = [], []
+    for ref in refs:
+        entry = reference.get(ref)
+        if entry is None:
+            continue
+        if entry.complete and len(entry.versions) == 1 and not entry.tombstones[0]:
+            if entry.versions[0] <= keep_above:
+                want_done.append(ref)
+            continue
+        if entry.versions and entry.versions[0] > keep_above:
+            continue
+        kept = versions_to_keep(entry.versions, entry.tombstones, views_by_kg[ref[0]],
+                                keep_above)
+        drop = tuple(x for x in entry.versions if x not in kept)
+        if drop:
+            want_dropped.append((ref, drop))
+            reference.forget_versions(ref, set(drop))
+        if len(kept) <= 1 and all(x <= keep_above for x in kept):
+            want_done.append(ref)
+    assert (dropped, done) == (want_dropped, want_done)
+    ledger.forget_many(dropped)
+    assert {r: ledger.get(r) for r in refs} == {r: reference.get(r) for r in refs}
+
+
 Step = tuple[bool | None, bool]  # (None: no write / tombstone flag, completed)
 
 
