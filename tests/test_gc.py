@@ -295,6 +295,8 @@ def test_deciding_many_entries_at_once_equals_versions_to_keep_per_entry(
             led.learn(ref, sorted(versions.items())) if complete else [
                 led.record(ref, x, t) for x, t in sorted(versions.items())]
     refs.append((0, 9, b"unknown"))  # not in the ledger: skipped
+    assert ledger.unknown(refs) == [r for r in refs
+                                    if (e := reference.get(r)) is None or not e.complete]
     dropped, done = ledger.decide(refs, lambda kg: views_by_kg[kg], keep_above)
     want_dropped, want_done = [], []
     for ref in refs:

@@ -786,8 +786,7 @@ class CheckpointProtocol:
             self._adopt_due = False
         pending = sorted(self.ledger.pending) if refs is None else [
             r for r in refs if r in self.ledger.pending]
-        unknown = [ref for ref in pending
-                   if (e := self.ledger.get(ref)) is None or not e.complete]
+        unknown = self.ledger.unknown(pending)
         # One statement per yield: a closing subtask waits for at most one read.
         step = min(GC_ENTRIES_PER_YIELD, self.wstore.max_or_terms)
         for start in range(0, len(unknown), step):
