@@ -338,6 +338,39 @@ def test_a_pickled_store_has_no_connection_and_no_counter(mysql_url: str) -> Non
         drop_namespace(mysql_url, ns)
 
 
+def test_a_store_that_cannot_be_pickled_is_written_by_the_writer_and_logged_once(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Found with `write.process` on for the whole suite: a store carrying an attribute a
+    pickle cannot hold (tests put locks on it) failed every checkpoint ("cannot pickle
+    '_thread.lock' object") instead of leaving the write to the writer."""
+    import threading
+
+    options = _process_options(mysql_url, namespaces)
+    sub, value = _checkpointed(options, tmp_path / "local", ["a", "b"])
+    try:
+        sub.backend.protocol.wstore.guard = threading.Lock()  # type: ignore[attr-defined]
+        with caplog.at_level("WARNING", logger="pyflink_ndb"):
+            for checkpoint_id, text in ((2, "two"), (3, "three")):
+                for key in ("a", "b"):
+                    sub.key(key)
+                    value.update(text)
+                sub.checkpoint(checkpoint_id)  # GC of checkpoint 2's versions runs after 3
+        process = sub.backend.protocol.render_process
+        assert process is not None and process.unpicklable_store is not None
+        assert "_thread.lock" in process.unpicklable_store
+        assert process.written_epochs == 1  # checkpoint 1, before the lock was set
+        lines = [r for r in caplog.records if "cannot be handed to the write process" in
+                 r.getMessage()]
+        assert len(lines) == 1
+        assert _restored_value(mysql_url, sub, tmp_path, 3, ["a", "b"]) == \
+            {"a": "three", "b": "three"}
+        assert _restored_value(mysql_url, sub, tmp_path, 2, ["a", "b"]) == \
+            {"a": "two", "b": "two"}
+    finally:
+        sub.close()
+
+
 @pytest.mark.parametrize("where", ["synchronous flush", "sqlite"])
 def test_the_option_where_it_does_not_apply_is_logged_once(
         mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811

@@ -330,6 +330,9 @@ class RenderProcess:
         #: Epochs written by the child (`write.process`).
         self.written_epochs = 0
         self.fallbacks = 0
+        #: Set once the writer's store could not be pickled for the child: the writer
+        #: writes itself from then on (logged once).
+        self.unpicklable_store: str | None = None
         self._child: subprocess.Popen[bytes] | None = None
 
     @property
@@ -342,6 +345,22 @@ class RenderProcess:
     def usable(self) -> bool:
         """False once :data:`MAX_STARTS` children failed: the writer renders itself."""
         return self._child is not None or self.starts < MAX_STARTS
+
+    def _pickled(self, store: StateStore) -> bytes | None:
+        """`store` pickled for the child (without its connection), or None when it cannot
+        be (an attribute a pickle cannot hold, e.g. a lock set on the store by code
+        around it): logged once, and the writer writes and deletes itself from then on,
+        so no checkpoint fails for it."""
+        if self.unpicklable_store is not None:
+            return None
+        try:
+            return pickle.dumps(store, protocol=5)
+        except Exception as err:  # noqa: BLE001 - whatever pickling raises, write here
+            self.unpicklable_store = f"{type(err).__name__}: {err}"
+            log.warning("pyflink-ndb %s: the store %s cannot be handed to the write process "
+                        "(%s); the background writer writes and deletes itself from now "
+                        "on", self.name, store.describe(), self.unpicklable_store)
+            return None
 
     def slices(self, version: int, rows: Sequence[WriteRow],
                renderers: Mapping[int, JsonRenderer],
@@ -427,7 +446,8 @@ class RenderProcess:
         stopped and logged, and the writer renders and writes the slice it was writing
         and the rest itself, on `store` (the rows are idempotent upserts of `version`: a
         slice the child committed in part is written again whole); rows whose value only
-        the writer can unpickle are rendered here and sent to the child.
+        the writer can unpickle are rendered here and sent to the child. A store that
+        cannot be pickled for the child is written here (:meth:`_pickled`).
 
         :param stall_s: seconds a slice may take without a byte from the child (at least
             the store's retry deadline: the child retries as the store does; None:
@@ -437,10 +457,10 @@ class RenderProcess:
         :raises ValueTooLargeError: a key or value over its limit (nothing written).
         """
         store.check_sizes(rows, value_max_bytes, f"version {version}")
-        store_bytes = pickle.dumps(store, protocol=5)  # without its connection
+        store_bytes = self._pickled(store) if self.usable else None
         states = dict(renderers)
         written = 0
-        failed = not self.usable
+        failed = store_bytes is None
         for number, part in enumerate(rows[start:end] for start, end in slice_bounds(rows)):
             if not failed:
                 def literals(indexes: list[int], part: Sequence[WriteRow] = part
@@ -473,9 +493,10 @@ class RenderProcess:
         :raises FencedError: the branch no longer owns its key groups.
         :raises StoreUnavailableError: the child's retries are spent.
         """
-        if self.usable and deletions:
+        store_bytes = self._pickled(store) if self.usable and deletions else None
+        if store_bytes is not None:
             done = self._store_call(
-                ("delete", pickle.dumps(store, protocol=5), fence, list(map(tuple, deletions))),
+                ("delete", store_bytes, fence, list(map(tuple, deletions))),
                 0, None, store, between, stall_s, start=True)
             if done is not None:
                 return done
