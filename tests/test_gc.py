@@ -292,8 +292,11 @@ def test_deciding_many_entries_at_once_equals_versions_to_keep_per_entry(
         ref = (kg, 9, b"k%d" % n)
         refs.append(ref)
         for led in (ledger, reference):
-            led.learn(ref, sorted(versions.items())) if complete else [
-                led.record(ref, x, t) for x, t in sorted(versions.items())]
+            if complete:
+                led.learn(ref, sorted(versions.items()))
+            else:
+                for x, t in sorted(versions.items()):
+                    led.record(ref, x, t)
     refs.append((0, 9, b"unknown"))  # not in the ledger: skipped
     assert ledger.unknown(refs) == [r for r in refs
                                     if (e := reference.get(r)) is None or not e.complete]

@@ -164,15 +164,11 @@ def is_lost_while_connecting(err: BaseException) -> bool:
     :param err: what connecting raised (this package's :class:`StoreUnavailableError`
         is judged by its `__cause__`).
     """
-    cause: BaseException | None = err
-    if isinstance(err, StoreUnavailableError) and not isinstance(err, RetriesExhaustedError):
-        cause = err.__cause__
-    if cause is None:
-        return False
+    cause = err.__cause__ if isinstance(err, StoreUnavailableError) else err
     if isinstance(cause, pymysql.err.OperationalError) and cause.args and \
             cause.args[0] in _NOT_LISTENING:
         return False
-    return is_transient_error(cause)
+    return is_transient_error(err)
 
 
 #: TLS modes of `?ssl_mode=` (the values of the MySQL client's `--ssl-mode`).
