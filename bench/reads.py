@@ -17,6 +17,10 @@ primary key on the state table, through the `<ns>_committed` view by primary key
 `kjson` through the view; and the package's own read path (`pyflink-ndb get`, i.e.
 `inspect.iter_entries`). Each after a warm-up; reads/s, p50, p99, p99.9. Every query's
 EXPLAIN is recorded with whether it reads the state table by an index.
+
+Last, the package's own read of keys that miss together (:func:`bundle_reads`: a
+read-ahead bundle of 100 keys after a restore), as the UNION ALL of primary-key reads and
+as the MySQL store's join, both on the same bundles.
 """
 
 from __future__ import annotations
@@ -451,12 +455,71 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
                 + ("" if "explain" not in entry else
                    f"; index: {'yes' if entry['explain']['indexed'] else 'NO'} "
                    f"({'; '.join(entry['explain']['state_table_access'])})"))
+        out["bundles"] = bundle_reads(store, ranges, value_id, keys, log=log)
         out["loadavg_after"] = list(os.getloadavg())
     finally:
         conn.close()
         if cconn is not None:
             cconn.close()
         store.close()
+    return out
+
+
+#: Keys per bundle of :func:`bundle_reads` (`state.backend.ndb.read-ahead.records`'
+#: default) and bundles per form.
+BUNDLE_KEYS = 100
+BUNDLES = 40
+
+
+def bundle_reads(store: Any, ranges: Sequence[Sequence[Any]], value_id: int, keys: int,
+                 bundles: int = BUNDLES, size: int = BUNDLE_KEYS,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The package's own reads of keys that miss together (a read-ahead bundle after a
+    restore, `StateStore.read_latest_batch`): `size` random keys' ValueState entries per
+    bundle, each bundle read in both forms in turn — the UNION ALL of primary-key reads
+    (the base class; what NDB keeps) and the MySQL store's join from a derived table of
+    the keys (`keys_join_query`). Both must return the same versions.
+
+    :param ranges: rows of :func:`views.ranges_query` (the committed checkpoint's version
+        ranges per key-group segment).
+    :returns: per form `ms_per_bundle` (median), `keys_per_s`, and `equal` (bundles whose
+        answers agree) and `found` (entries returned of those asked).
+    """
+    from pyflink_ndb.serialization.keys import encode_key
+    from pyflink_ndb.stores.base import StateStore
+    from pyflink_ndb.testing import local_key_group
+
+    by_group = {kg: tuple((lo, hi) for a, b, lo, hi, _, _ in ranges if a <= kg <= b)
+                for kg in range(128)}
+    forms: dict[str, Callable[[list[tuple[int, int, bytes]]], dict[Any, Any]]] = {
+        "union": lambda e: StateStore.read_latest_batch(store, e, by_group.__getitem__),
+        "join": lambda e: store.read_latest_batch(e, by_group.__getitem__)}
+    rng = np.random.default_rng(SEED + 2)
+    times: dict[str, list[float]] = {name: [] for name in forms}
+    equal = found = asked = 0
+    for b in range(bundles + 2):  # two warm-up bundles
+        picks = sorted({int(i) for i in rng.integers(0, keys, size=size)})
+        entries = [(value_id, local_key_group(key_name(i)), encode_key(key_name(i)))
+                   for i in picks]
+        answers = []
+        for name, read in (forms.items() if b % 2 else reversed(forms.items())):
+            started = time.perf_counter()
+            answers.append(read(entries))
+            if b >= 2:
+                times[name].append(time.perf_counter() - started)
+        if b >= 2:
+            equal += answers[0] == answers[1]
+            found += len(answers[0])
+            asked += len(entries)
+    out: dict[str, Any] = {"bundles": bundles, "size": size, "equal": equal,
+                           "found": found, "asked": asked}
+    for name, spent in times.items():
+        out[name] = {"ms_per_bundle": float(np.median(spent)) * 1000,
+                     "keys_per_s": asked / sum(spent)}
+    log(f"reads: bundles of {size} keys: UNION ALL {out['union']['ms_per_bundle']:.1f} ms "
+        f"({out['union']['keys_per_s']:,.0f} keys/s), join "
+        f"{out['join']['ms_per_bundle']:.1f} ms ({out['join']['keys_per_s']:,.0f} keys/s); "
+        f"{equal}/{bundles} bundles equal, {found:,}/{asked:,} found")
     return out
 
 
@@ -593,6 +656,18 @@ def markdown(r: dict[str, Any]) -> list[str]:
             f"{q['correct']:,} | {'–' if ex is None else ('yes' if ex['indexed'] else 'NO')} | "
             + ("–" if not server else
                f"{server['optimize_ms']:.3f} / {server['execute_ms']:.3f}") + " |")
+    bundles = r.get("bundles")
+    if bundles:
+        lines += ["", f"The package's own reads of keys that miss together (a read-ahead bundle "
+                  f"after a restore): {bundles['bundles']} bundles of {bundles['size']} "
+                  "random keys' ValueState entries, each read in both forms in turn "
+                  f"({bundles['equal']}/{bundles['bundles']} bundles answered alike, "
+                  f"{bundles['found']:,}/{bundles['asked']:,} entries found):", "",
+                  "| form | ms per bundle (median) | keys/s |", "|---|---:|---:|"]
+        for name, text in (("union", "UNION ALL of primary-key reads (NDB's form)"),
+                           ("join", "join from a derived table of the keys (InnoDB)")):
+            lines.append(f"| {text} | {bundles[name]['ms_per_bundle']:.1f} | "
+                         f"{bundles[name]['keys_per_s']:,.0f} |")
     wc = r.get("write_cost")
     if wc:
         lines += ["", f"What the `kjson_key` index costs the writes: {wc['entries']:,} "

@@ -19,6 +19,7 @@ import re
 import socket
 import ssl
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -27,7 +28,8 @@ import pymysql.connections
 
 from pyflink_ndb.config import redact_url
 from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError, ValueTooLargeError
-from pyflink_ndb.stores.base import StateStore
+from pyflink_ndb.stores.base import StateStore, StoredVersion
+from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.stores.retry import DEFAULT_RETRY_POLICY, RetriesExhaustedError, RetryPolicy
 
 #: Client error numbers meaning "the server cannot be reached or went away".
@@ -395,6 +397,37 @@ def render_state_row(row: tuple[Any, ...]) -> str:
             f"{kjson_sql})")
 
 
+def keys_join_query(t_state: str, entries: Sequence[tuple[int, int, bytes]],
+                    ranges_of: Callable[[int], Ranges]) -> str:
+    """Every visible chunk-0 version of `entries` ((state id, key group, ukey) triples)
+    in one statement: a derived table of the entries (`i`: the position in `entries`,
+    the key, and the version ranges its key group sees as `lo<j>, hi<j>` columns, padded
+    with the empty range 1..0) joined to the state table by its primary key
+    (`STRAIGHT_JOIN`: the derived table first, one `ref` lookup per entry).
+
+    Rows: `i, version, tombstone, chunks, expires_at_ms, vbytes`, any order, one per
+    visible version (an entry without one has no row). Values are rendered as literals
+    (integers with `:d`, keys as hex), as :func:`render_state_row` does: no parameters.
+    """
+    ranges = [ranges_of(key_group) for _, key_group, _ in entries]
+    width = max(1, max(len(r) for r in ranges))
+    names = ["i", "kg", "sid", "uk"] + [f"{b}{j}" for j in range(width) for b in ("lo", "hi")]
+    rows: list[str] = []
+    for i, ((state_id, key_group, ukey), seen) in enumerate(zip(entries, ranges,
+                                                                  strict=True)):
+        bounds = [b for lo_hi in seen for b in lo_hi] + [1, 0] * (width - len(seen))
+        values = [format(i, "d"), format(key_group, "d"), format(state_id, "d"),
+                  f"X'{bytes(ukey).hex()}'", *(format(b, "d") for b in bounds)]
+        if not rows:  # the first row names the derived table's columns
+            values = [f"{v} AS {name}" for v, name in zip(values, names, strict=True)]
+        rows.append("SELECT " + ", ".join(values))
+    visible_sql = " OR ".join(f"s.version BETWEEN k.lo{j} AND k.hi{j}" for j in range(width))
+    return (f"SELECT k.i, s.version, s.tombstone, s.chunks, s.expires_at_ms, s.vbytes "
+            f"FROM ({' UNION ALL '.join(rows)}) k STRAIGHT_JOIN {t_state} s "
+            "ON s.key_group = k.kg AND s.state_id = k.sid AND s.ukey = k.uk AND "
+            f"s.chunk = 0 AND ({visible_sql})")
+
+
 def render_statements(prefix: str, rows: Any,
                       max_chars: int = MAX_STATEMENT_CHARS) -> list[Any]:
     """`prefix` + rendered rows, split into statements of at most `max_chars` characters
@@ -492,6 +525,45 @@ class MysqlStateStore(StateStore):
         """A parenthesised UNION member (MySQL, MariaDB and NDB accept ORDER BY and LIMIT
         there), planned as one primary-key lookup without a temporary table."""
         return f"({self._latest_select(where)})"
+
+    def read_latest_batch(self, entries: Sequence[tuple[int, int, bytes]],
+                          ranges_of: Callable[[int], Ranges]
+                          ) -> dict[tuple[int, bytes], StoredVersion]:
+        """:meth:`StateStore.read_latest_batch`; on InnoDB one join per
+        :attr:`max_or_terms` entries (:func:`keys_join_query`), on NDB the base class's
+        UNION ALL of primary-key reads.
+
+        Why a join: the UNION ALL's arms, and a row-constructor `IN` list alike, each cost
+        InnoDB a range analysis with index dives (MariaDB 10.11's profile: 17 ms of
+        "Statistics" for 100 keys); a join from a derived table of the keys reads each by
+        `ref` on the primary key, planned once from the index statistics. Measured on this
+        machine's MariaDB (100,000 keys, random bundles of 100): 13–17 ms per bundle as a
+        UNION ALL, 4.6–5.2 ms as the join (bench part 8's rescaled probe reads its keys
+        this way). The join returns every visible version of an entry; the newest is kept
+        here. NDB keeps the UNION ALL, whose plan its data nodes are known to run (not
+        measured here: no NDB cluster on this machine)."""
+        if self.engine == "NDBCLUSTER":
+            return super().read_latest_batch(entries, ranges_of)
+        out: dict[tuple[int, bytes], StoredVersion] = {}
+        for start in range(0, len(entries), self.max_or_terms):
+            part = entries[start:start + self.max_or_terms]
+            sql = keys_join_query(self.t_state, part, ranges_of)
+
+            def unit(sql: str = sql, part: Sequence[tuple[int, int, bytes]] = part
+                     ) -> dict[tuple[int, bytes], StoredVersion]:
+                newest: dict[int, tuple[Any, ...]] = {}
+                for row in self._query(sql):
+                    held = newest.get(row[0])
+                    if held is None or row[1] > held[1]:
+                        newest[row[0]] = row
+                found: dict[tuple[int, bytes], StoredVersion] = {}
+                for i, version, tomb, chunks, expires, vbytes in newest.values():
+                    state_id, key_group, ukey = part[i]
+                    found[(state_id, ukey)] = self._stored_version(
+                        key_group, state_id, ukey, version, tomb, chunks, expires, vbytes)
+                return found
+            out.update(self._retry("read", unit))
+        return out
 
     @property
     def address(self) -> str:
