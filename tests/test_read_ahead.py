@@ -22,7 +22,6 @@ from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.stores import base as store_base
-from pyflink_ndb.stores import mysql as mysql_store
 from pyflink_ndb.testing import LocalSubtask, local_key_group
 
 ANY = Types.PICKLED_BYTE_ARRAY()
@@ -152,40 +151,6 @@ def test_mysql_batch_join_pads_key_groups_that_see_fewer_ranges(store_factory, l
     blind = [k for k in range(40) if local_key_group(k) % 3 == 0]
     assert blind and not any((sid, encode_key(k)) in batch for k in blind), \
         "a key group that sees no range reads nothing"
-    restored.crash()
-
-
-def test_mysql_batch_reads_each_key_by_primary_key_ref(store_factory, local_dir):
-    """EXPLAIN of the join the MySQL store sends for a bundle (InnoDB): the state table
-    is read by `ref` on its primary key from the derived table of keys, not by a range
-    analysis per key (what made the UNION ALL cost 13–17 ms per 100 keys)."""
-    store = store_factory("mysql")
-    restored, table = _restored_table(store, local_dir)
-    sid = next(iter(table.state_names))
-    entries = [(sid, local_key_group(k), encode_key(k)) for k in range(30)]
-    sql = mysql_store.keys_join_query(store.t_state, entries, table.visibility)
-    plan = store._query("EXPLAIN " + sql)
-    state_rows = [row for row in plan if row[2] == "s"]
-    assert len(state_rows) == 1, plan
-    assert state_rows[0][3] in ("ref", "eq_ref") and state_rows[0][5] == "PRIMARY", plan
-    restored.crash()
-
-
-def test_ndb_keeps_the_union_of_primary_key_reads(store_factory, local_dir, monkeypatch):
-    """On NDB (engine detected as NDBCLUSTER) the batch is the base class's UNION ALL:
-    the join is never built, and the answers are the same."""
-    store = store_factory("mysql")
-    restored, table = _restored_table(store, local_dir)
-    sid = next(iter(table.state_names))
-    entries = [(sid, local_key_group(k), encode_key(k)) for k in range(45)]
-    joined = store.read_latest_batch(entries, table.visibility)
-
-    def no_join(*args):
-        raise AssertionError("NDB must not get the join")
-    monkeypatch.setattr(mysql_store, "keys_join_query", no_join)
-    store.engine = "NDBCLUSTER"
-    assert store.read_latest_batch(entries, table.visibility) == joined
-    assert len(joined) == 40
     restored.crash()
 
 

@@ -950,29 +950,34 @@ class StateStore(ABC):
         With `commit_each_batch` each statement is its own transaction (NDB); otherwise
         all go in one (SQLite, where every commit costs milliseconds)."""
         step = min(self.write_batch_rows, self.max_or_terms)
-        statements = [self._versions_clause(deletions[start:start + step])
-                      for start in range(0, len(deletions), step)]
+        parts = [deletions[start:start + step] for start in range(0, len(deletions), step)]
 
-        def run(todo: Sequence[tuple[str, list[Any]]]) -> int:
+        def run(todo: Sequence[Sequence[Any]]) -> int:
             total = 0
-            for clause, params in todo:
+            for part in todo:
                 while True:
-                    n = self._delete_limited(self.t_state, clause, params,
-                                             self.delete_limit_rows)
+                    n = self._delete_versions(part, self.delete_limit_rows)
                     total += n
                     if n < self.delete_limit_rows:
                         break
             return total
-        if not statements:
+        if not parts:
             return 0
         if not self.commit_each_batch:
-            return self._txn("delete versions", lambda: run(statements), fence)
+            return self._txn("delete versions", lambda: run(parts), fence)
         total = 0
-        for statement in statements:
-            def one(st: tuple[str, list[Any]] = statement) -> int:
-                return run([st])
+        for part in parts:
+            def one(part: Sequence[Any] = part) -> int:
+                return run([part])
             total += self._txn("delete versions", one, fence)
         return total
+
+    def _delete_versions(self, part: Sequence[Any], limit: int) -> int:
+        """One statement of :meth:`delete_exact`: delete at most `limit` rows (chunks) of
+        the versions `part` names; returns the rows deleted (the caller repeats it while
+        that is `limit`)."""
+        clause, params = self._versions_clause(part)
+        return self._delete_limited(self.t_state, clause, params, limit)
 
     def delete_range(self, fence: Fence, state_id: int, kg_start: int, kg_end: int, lo: int,
                      hi: int, limit: int) -> int:
