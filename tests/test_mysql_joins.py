@@ -36,10 +36,11 @@ def filled(store_factory):
     return store, fence
 
 
-def state_access(store: StateStore, sql: str) -> tuple[str, str]:
-    """(access type, key) of the state table `s` in EXPLAIN of `sql`."""
-    plan = store._query("EXPLAIN " + sql)
-    rows = [r for r in plan if r[2] == "s"]
+def state_access(store: StateStore, sql: str, params=(), table: str = "s"
+                 ) -> tuple[str, str]:
+    """(access type, key) of the state table (alias `table`) in EXPLAIN of `sql`."""
+    plan = store._query("EXPLAIN " + sql, params)
+    rows = [r for r in plan if r[2] == table]
     assert len(rows) == 1, plan
     return rows[0][3], rows[0][5]
 
@@ -97,3 +98,25 @@ def test_ndb_keeps_the_base_class_statements(filled, monkeypatch):
     assert store.read_versions(refs) == versions
     assert store.delete_exact(fence, [Deletion(kg, sid, k, version_of(b, 1))
                                       for sid, kg, k in entries]) == 40
+
+
+def test_point_reads_name_the_primary_key(filled, monkeypatch):
+    """A point read and a read of several keys of one key group name the primary key
+    (`FORCE INDEX (PRIMARY)`): without it MariaDB also estimates the cleanup index with
+    index dives (Statistics 0.13 against 0.05 ms; 0.29–0.44 against 0.21–0.29 ms per
+    read here)."""
+    store, fence = filled
+    ranges = (own_range(fence.branch, 3),)
+    seen = []
+    execute = store._execute
+    monkeypatch.setattr(store, "_execute",
+                        lambda text, params=(): seen.append((text, params))
+                        or execute(text, params))
+    assert store.read_latest(SID, KG, KEYS[0], ranges).value == KEYS[0] + b"@3"
+    assert len(store.read_latest_many(SID, KG, KEYS[:6:2], ranges)) == 3
+    monkeypatch.undo()
+    assert len(seen) == 2
+    for text, params in seen:
+        assert "FORCE INDEX (PRIMARY)" in text
+        access, key = state_access(store, store._sql(text), params, table=store.t_state)
+        assert key == "PRIMARY", text

@@ -284,6 +284,13 @@ class StateStore(ABC):
         cur = self._execute(f"DELETE FROM {table} WHERE {where} LIMIT {int(limit)}", params)
         return max(cur.rowcount, 0)
 
+    def _point_index(self) -> str:
+        """The hint (after the table name) of a read of given entries by primary key: the
+        MySQL store names the primary key, so that the optimizer does not also estimate
+        the `(state_id, version, key_group)` index with index dives (0.13 of a point
+        read's 0.3–0.4 ms on MariaDB here)."""
+        return ""
+
     def _cleanup_index(self) -> str:
         """The hint (after the table name) that makes a statement over a version range of
         one state use the `(state_id, version, key_group)` index: MariaDB otherwise
@@ -641,9 +648,9 @@ class StateStore(ABC):
         """The newest version of an entry inside `ranges` (what one branch or snapshot
         sees), or None."""
         where, vparams = visible("version", ranges)
-        sql = (f"SELECT version, tombstone, chunks, expires_at_ms, vbytes FROM {self.t_state} "
-               f"WHERE key_group = ? AND state_id = ? AND ukey = ? AND chunk = 0 AND {where} "
-               "ORDER BY version DESC LIMIT 1")
+        sql = (f"SELECT version, tombstone, chunks, expires_at_ms, vbytes FROM {self.t_state}"
+               f"{self._point_index()} WHERE key_group = ? AND state_id = ? AND ukey = ? AND "
+               f"chunk = 0 AND {where} ORDER BY version DESC LIMIT 1")
 
         def unit() -> StoredVersion | None:
             rows = self._query(sql, [key_group, state_id, ukey, *vparams])
@@ -663,7 +670,8 @@ class StateStore(ABC):
             part = list(ukeys[start:start + self.max_or_terms])
             marks = ", ".join("?" for _ in part)
             sql = (f"SELECT ukey, version, tombstone, chunks, expires_at_ms, vbytes FROM "
-                   f"{self.t_state} WHERE key_group = ? AND state_id = ? AND ukey IN ({marks}) "
+                   f"{self.t_state}{self._point_index()} WHERE key_group = ? AND state_id = ? "
+                   f"AND ukey IN ({marks}) "
                    f"AND chunk = 0 AND {where} ORDER BY ukey, version DESC")
 
             def unit(part: list[bytes] = part, sql: str = sql) -> dict[bytes, StoredVersion]:
@@ -684,7 +692,8 @@ class StateStore(ABC):
         parameters), with its state id and ukey: one member of :meth:`read_latest_batch`'s
         UNION ALL."""
         return (f"SELECT state_id, ukey, version, tombstone, chunks, expires_at_ms, vbytes "
-                f"FROM {self.t_state} WHERE key_group = ? AND state_id = ? AND ukey = ? "
+                f"FROM {self.t_state}{self._point_index()} WHERE key_group = ? AND "
+                "state_id = ? AND ukey = ? "
                 f"AND chunk = 0 AND {where} ORDER BY version DESC LIMIT 1")
 
     def _latest_arm(self, where: str) -> str:

@@ -720,6 +720,9 @@ class MysqlStateStore(StateStore):
     def _ddl(self) -> list[str]:
         return mysql_ddl(self, ndb=self.engine == "NDBCLUSTER")
 
+    def _point_index(self) -> str:
+        return " FORCE INDEX (PRIMARY)"
+
     def _cleanup_index(self) -> str:
         return " FORCE INDEX (ix_cleanup)"
 
