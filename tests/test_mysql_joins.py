@@ -54,7 +54,9 @@ def test_each_join_reads_the_state_table_by_primary_key_ref(filled):
     for sql in (mysql_store.keys_join_query(store.t_state, entries,
                                             lambda kg: (own_range(b, 3),)),
                 mysql_store.versions_join_query(store.t_state, refs),
-                mysql_store.delete_versions_join(store.t_state, deletions)):
+                mysql_store.delete_versions_join(store.t_state, deletions),
+                mysql_store.delete_rows_join(store.t_state, [(*r, version_of(b, 1), 0)
+                                                             for r in refs])):
         access, key = state_access(store, sql)
         assert access in ("ref", "eq_ref") and key == "PRIMARY", sql[:200]
 
@@ -75,6 +77,12 @@ def test_read_versions_and_deletes_equal_the_base_statements(filled):
     assert store.count_rows() == rows - 48
     assert store.read_versions(refs[:1]) == {refs[0]: [(version_of(b, 1), False),
                                                        (version_of(b, 3), False)]}
+    # the cleanup's delete by whole primary keys: only the rows named
+    assert store._delete_rows([(KG, SID, KEYS[0], version_of(b, 3), 0),
+                               (KG, SID, KEYS[0], version_of(b, 3), 1),  # no such chunk
+                               (KG, SID, b"absent", version_of(b, 1), 0)]) == 1
+    assert store.count_rows() == rows - 49
+    assert store.read_versions(refs[:1]) == {refs[0]: [(version_of(b, 1), False)]}
 
 
 def test_ndb_keeps_the_base_class_statements(filled, monkeypatch):
@@ -90,7 +98,8 @@ def test_ndb_keeps_the_base_class_statements(filled, monkeypatch):
 
     def no_join(*args):
         raise AssertionError("NDB must not get the join")
-    for name in ("keys_join_query", "versions_join_query", "delete_versions_join"):
+    for name in ("keys_join_query", "versions_join_query", "delete_versions_join",
+                 "delete_rows_join"):
         monkeypatch.setattr(mysql_store, name, no_join)
     store.engine = "NDBCLUSTER"
     assert store.read_latest_batch(entries, lambda kg: ranges) == batch
@@ -98,6 +107,8 @@ def test_ndb_keeps_the_base_class_statements(filled, monkeypatch):
     assert store.read_versions(refs) == versions
     assert store.delete_exact(fence, [Deletion(kg, sid, k, version_of(b, 1))
                                       for sid, kg, k in entries]) == 40
+    assert store._delete_rows([(kg, sid, k, version_of(b, 3), 0)
+                               for sid, kg, k in entries[:5]]) == 5
 
 
 def test_point_reads_name_the_primary_key(filled, monkeypatch):

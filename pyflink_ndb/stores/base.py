@@ -1003,13 +1003,17 @@ class StateStore(ABC):
                 (state_id, lo, hi, kg_start, kg_end, limit))
             deleted = 0
             for start in range(0, len(rows), self.max_or_terms):
-                part = rows[start:start + self.max_or_terms]
-                clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND "
-                                     "version = ? AND chunk = ?)" for _ in part)
-                deleted += max(self._execute(f"DELETE FROM {self.t_state} WHERE {clause}",
-                                             [v for r in part for v in r]).rowcount, 0)
+                deleted += self._delete_rows(rows[start:start + self.max_or_terms])
             return deleted
         return self._txn("clean up", unit, fence)
+
+    def _delete_rows(self, rows: Sequence[tuple[Any, ...]]) -> int:
+        """Delete the state-table rows named by their whole primary key (key_group,
+        state_id, ukey, version, chunk); returns the rows deleted."""
+        clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ? AND version = ? "
+                             "AND chunk = ?)" for _ in rows)
+        return max(self._execute(f"DELETE FROM {self.t_state} WHERE {clause}",
+                                 [v for r in rows for v in r]).rowcount, 0)
 
     def delete_expired(self, fence: Fence, state_ids: Sequence[int], kg_start: int,
                        kg_end: int, ranges: Ranges, now: int) -> int:

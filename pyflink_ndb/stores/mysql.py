@@ -464,6 +464,16 @@ def delete_versions_join(t_state: str, part: Sequence[Any]) -> str:
             f"STRAIGHT_JOIN {t_state} s ON {_ON_ENTRY} AND s.version = k.v")
 
 
+def delete_rows_join(t_state: str, keys: Sequence[tuple[Any, ...]]) -> str:
+    """A multi-table DELETE of the rows whose whole primary key (key_group, state_id,
+    ukey, version, chunk) `keys` name, joined from a derived table of them."""
+    rows = [[*_entry_literals(kg, sid, ukey), format(version, "d"), format(chunk, "d")]
+            for kg, sid, ukey, version, chunk in keys]
+    return (f"DELETE s FROM ({derived_table(('kg', 'sid', 'uk', 'v', 'c'), rows)}) k "
+            f"STRAIGHT_JOIN {t_state} s ON {_ON_ENTRY} AND s.version = k.v AND "
+            "s.chunk = k.c")
+
+
 def render_statements(prefix: str, rows: Any,
                       max_chars: int = MAX_STATEMENT_CHARS) -> list[Any]:
     """`prefix` + rendered rows, split into statements of at most `max_chars` characters
@@ -561,6 +571,14 @@ class MysqlStateStore(StateStore):
         if self.engine == "NDBCLUSTER":
             return super()._delete_versions(part, limit)
         return max(self._execute(delete_versions_join(self.t_state, part)).rowcount, 0)
+
+    def _delete_rows(self, rows: Sequence[tuple[Any, ...]]) -> int:
+        """On InnoDB the cleanup's delete by whole primary keys as a join
+        (:func:`delete_rows_join`, for the reason of :meth:`_delete_versions`); NDB keeps
+        the OR-ed primary keys."""
+        if self.engine == "NDBCLUSTER":
+            return super()._delete_rows(rows)
+        return max(self._execute(delete_rows_join(self.t_state, rows)).rowcount, 0)
 
     def read_versions(self, refs: Sequence[tuple[int, int, bytes]]
                       ) -> dict[tuple[int, int, bytes], list[tuple[int, bool]]]:
