@@ -131,3 +131,27 @@ def test_point_reads_name_the_primary_key(filled, monkeypatch):
         assert "FORCE INDEX (PRIMARY)" in text
         access, key = state_access(store, store._sql(text), params, table=store.t_state)
         assert key == "PRIMARY", text
+
+
+def test_duplicate_refs_and_long_lineages_answer_like_the_base_statements(filled,
+                                                                         monkeypatch):
+    """A ref named twice lists its versions once (as the OR-ed statement does); a key group
+    that sees more than `MAX_JOIN_RANGES` version ranges (a lineage of many restores) is
+    read with the UNION ALL, not a derived table of that many columns."""
+    store, fence = filled
+    b = fence.branch
+    refs = [(KG, SID, KEYS[0]), (KG + 1, SID, KEYS[1]), (KG, SID, KEYS[0])]
+    assert store.read_versions(refs) == StateStore.read_versions(store, refs)
+    assert store.read_versions(refs)[(KG, SID, KEYS[0])] == [
+        (version_of(b, e), False) for e in (1, 2, 3)]
+    many = tuple((10**12 + 10 * j, 10**12 + 10 * j + 5)
+                 for j in range(mysql_store.MAX_JOIN_RANGES)) + (own_range(b, 3),)
+    entries = [(SID, KG + i % 2, k) for i, k in enumerate(KEYS)]
+    expected = StateStore.read_latest_batch(store, entries, lambda kg: many)
+
+    def no_join(*args):
+        raise AssertionError("too many ranges for a join")
+    monkeypatch.setattr(mysql_store, "keys_join_query", no_join)
+    got = store.read_latest_batch(entries, lambda kg: many)
+    assert got == expected and len(got) == 40
+    assert got[(SID, KEYS[0])].version == version_of(b, 3)
