@@ -822,17 +822,22 @@ class StateStore(ABC):
         out: dict[tuple[int, int, bytes], list[tuple[int, bool]]] = {r: [] for r in refs}
         step = min(self.write_batch_rows, self.max_or_terms)
         for start in range(0, len(refs), step):
-            part = refs[start:start + step]
-            clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ?)" for _ in part)
-            params: list[Any] = []
-            for kg, sid, ukey in part:
-                params += [kg, sid, ukey]
-            rows = self._read("read versions", f"SELECT key_group, state_id, ukey, version, "
-                              f"tombstone FROM {self.t_state} WHERE chunk = 0 AND ({clause}) "
-                              "ORDER BY version", params)
+            rows = self._read("read versions", *self._versions_query(refs[start:start + step]))
             for kg, sid, ukey, version, tomb in rows:
                 out[(int(kg), int(sid), bytes(ukey))].append((int(version), bool(tomb)))
         return out
+
+    def _versions_query(self, part: Sequence[tuple[int, int, bytes]]
+                        ) -> tuple[str, list[Any]]:
+        """(SQL, parameters) of one batch of :meth:`read_versions`: `key_group, state_id,
+        ukey, version, tombstone` of every chunk-0 version of the entries `part` names (each
+        once), ascending by version."""
+        clause = " OR ".join("(key_group = ? AND state_id = ? AND ukey = ?)" for _ in part)
+        params: list[Any] = []
+        for kg, sid, ukey in part:
+            params += [kg, sid, ukey]
+        return (f"SELECT key_group, state_id, ukey, version, tombstone FROM {self.t_state} "
+                f"WHERE chunk = 0 AND ({clause}) ORDER BY version", params)
 
     def scan_entries(self, state_id: int, kg_start: int, kg_end: int, lo: int, hi: int,
                      after: tuple[int, int, bytes] | None, limit: int

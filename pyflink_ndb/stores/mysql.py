@@ -573,7 +573,7 @@ class MysqlStateStore(StateStore):
         multi-table DELETE has no LIMIT: the rows are those of `part`'s versions (one per
         chunk). NDB keeps the base class's bounded `DELETE ... LIMIT` (its transactions
         must stay small)."""
-        if self.engine == "NDBCLUSTER":
+        if self.is_ndb:
             return super()._delete_versions(part, limit)
         return max(self._execute(delete_versions_join(self.t_state, part)).rowcount, 0)
 
@@ -581,25 +581,18 @@ class MysqlStateStore(StateStore):
         """On InnoDB the cleanup's delete by whole primary keys as a join
         (:func:`delete_rows_join`, for the reason of :meth:`_delete_versions`); NDB keeps
         the OR-ed primary keys."""
-        if self.engine == "NDBCLUSTER":
+        if self.is_ndb:
             return super()._delete_rows(rows)
         return max(self._execute(delete_rows_join(self.t_state, rows)).rowcount, 0)
 
-    def read_versions(self, refs: Sequence[tuple[int, int, bytes]]
-                      ) -> dict[tuple[int, int, bytes], list[tuple[int, bool]]]:
-        """:meth:`StateStore.read_versions`; on InnoDB one join per batch
-        (:func:`versions_join_query`; OR-ed key prefixes cost 7 ms per 100 entries in
-        range analysis here, the join 2 ms), on NDB the base class's OR-ed prefixes."""
-        if self.engine == "NDBCLUSTER":
-            return super().read_versions(refs)
-        out: dict[tuple[int, int, bytes], list[tuple[int, bool]]] = {r: [] for r in refs}
-        step = min(self.write_batch_rows, self.max_or_terms)
-        for start in range(0, len(refs), step):
-            part = list(dict.fromkeys(refs[start:start + step]))  # each entry's rows once
-            rows = self._read("read versions", versions_join_query(self.t_state, part), ())
-            for kg, sid, ukey, version, tomb in rows:
-                out[(int(kg), int(sid), bytes(ukey))].append((int(version), bool(tomb)))
-        return out
+    def _versions_query(self, part: Sequence[tuple[int, int, bytes]]
+                        ) -> tuple[str, list[Any]]:
+        """On InnoDB one join (:func:`versions_join_query`, each entry once; OR-ed key
+        prefixes cost 7 ms per 100 entries in range analysis here, the join 2 ms), on NDB
+        the base class's OR-ed prefixes."""
+        if self.is_ndb:
+            return super()._versions_query(part)
+        return versions_join_query(self.t_state, list(dict.fromkeys(part))), []
 
     def _replace_state_rows(self, replace_into: str, rows: Any) -> None:
         """The rows rendered as literals (:func:`render_state_row`), in statements of at
@@ -624,12 +617,12 @@ class MysqlStateStore(StateStore):
         InnoDB a range analysis with index dives (MariaDB 10.11's profile: 17 ms of
         "Statistics" for 100 keys); a join from a derived table of the keys reads each by
         `ref` on the primary key, planned once from the index statistics. Measured on this
-        machine's MariaDB (100,000 keys, random bundles of 100): 13–17 ms per bundle as a
-        UNION ALL, 4.6–5.2 ms as the join (bench part 8's rescaled probe reads its keys
-        this way). The join returns every visible version of an entry; the newest is kept
+        machine's MariaDB (100,000 keys, random bundles of 100): 12–17 ms per bundle as a
+        UNION ALL, 3.7–5.2 ms as the join (bench part 6 reads the same bundles both
+        ways). The join returns every visible version of an entry; the newest is kept
         here. NDB keeps the UNION ALL, whose plan its data nodes are known to run (not
         measured here: no NDB cluster on this machine)."""
-        if self.engine == "NDBCLUSTER":
+        if self.is_ndb:
             return super().read_latest_batch(entries, ranges_of)
         out: dict[tuple[int, bytes], StoredVersion] = {}
         for start in range(0, len(entries), self.max_or_terms):
@@ -654,6 +647,12 @@ class MysqlStateStore(StateStore):
                 return found
             out.update(self._retry("read", unit))
         return out
+
+    @property
+    def is_ndb(self) -> bool:
+        """True when the tables are NDB's (`engine` detected at open): NDB keeps the
+        OR-ed and UNION ALL statements and bounded deletes; InnoDB gets the joins."""
+        return self.engine == "NDBCLUSTER"
 
     @property
     def address(self) -> str:
@@ -744,7 +743,7 @@ class MysqlStateStore(StateStore):
         return bool(rows and int(rows[0][0]))
 
     def _ddl(self) -> list[str]:
-        return mysql_ddl(self, ndb=self.engine == "NDBCLUSTER")
+        return mysql_ddl(self, ndb=self.is_ndb)
 
     def _point_index(self) -> str:
         return " FORCE INDEX (PRIMARY)"
