@@ -93,16 +93,29 @@ class RateCounter(KeyedProcessFunction):
     a line `second count` to `<rate_dir>/rate-<subtask>` when a second is over (one
     small file write per second; the last, partial second of a cancelled job is lost).
 
+    `cpu_pin`: run the TaskManager's Python threads on one CPU (:mod:`pyflink_ndb.cpu_pin`),
+    for Flink's own backends (pyflink-ndb's runs set `python.cpu-pin` instead).
+
     `or_terms` (an experiment, None: off): sets pyflink-ndb's `StateStore.max_or_terms`
     (OR-terms per point-read/delete statement) in the TaskManager's interpreter, to
     measure the checkpoint job with smaller statements without changing the package.
     """
 
-    def __init__(self, rate_dir: str, or_terms: int | None = None) -> None:
+    def __init__(self, rate_dir: str, or_terms: int | None = None,
+                 cpu_pin: bool = False) -> None:
         self.rate_dir = rate_dir
         self.or_terms = or_terms
+        self.cpu_pin = cpu_pin
 
     def open(self, runtime_context: RuntimeContext) -> None:
+        if self.cpu_pin:
+            # Flink's own backends: the TaskManager's Python threads on one CPU, as
+            # pyflink-ndb's `python.cpu-pin: auto` does (stays for the JVM's later jobs).
+            from pyflink_ndb.cpu_pin import cpu_of_setting, pin_python_threads
+
+            cpu = cpu_of_setting("auto")
+            if cpu is not None:
+                pin_python_threads(cpu)
         if self.or_terms is not None:
             # The TaskManager's interpreter outlives the job: later jobs of the same JVM
             # see the value too (the bench runs this experiment last).

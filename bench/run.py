@@ -557,29 +557,35 @@ _WRITER_LABELS = {"thread": "background thread", "render-process": "write.render
 
 
 def variant_suffix(kind: str, write_async: bool | None, or_terms: int | None,
-                   writer: str = "thread") -> tuple[str, str]:
+                   writer: str = "thread", cpu_pin: bool = False) -> tuple[str, str]:
     """(key suffix, label suffix) of a checkpoint-job variant; `writer` a key of
     :data:`WRITER_MODES`, named in the label where it applies (MariaDB with
-    `write.async`)."""
+    `write.async`); `cpu_pin`: the TaskManager's Python threads on one CPU."""
     key = (f"/or{or_terms}" if or_terms else "") + _WRITER_KEYS[writer]
     label = f", {or_terms} OR-terms (experiment)" if or_terms else ""
     if kind == "ndb-mariadb" and write_async:
         label += f", {_WRITER_LABELS[writer]}"
+    if cpu_pin:
+        key += "/pin"
+        label += ", Python threads on one CPU"
     return key, label
 
 
 def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url: str,
               parallelism: int, or_terms: int | None = None,
-              writer: str = "thread") -> dict[str, Any]:
+              writer: str = "thread", cpu_pin: bool = False) -> dict[str, Any]:
     """A job that updates a ValueState counter of keys `i % 100,000` of a sequence source
     as fast as it can, for `duration_s` after its first record, with checkpoints every
     second; then Flink's checkpoint statistics over REST, and the job is cancelled.
     `or_terms`: the experiment of :class:`bench.functions.RateCounter`; `writer`: where
-    pyflink-ndb's writer works (a key of :data:`WRITER_MODES`)."""
+    pyflink-ndb's writer works (a key of :data:`WRITER_MODES`); `cpu_pin`: the
+    TaskManager's Python threads on one CPU (pyflink-ndb: `python.cpu-pin: auto`; Flink's
+    backends: the same module called by the job's function). The interpreter stays pinned
+    for the later jobs of the same JVM: run pinned variants last."""
 
     from bench.functions import ModuloKey, RateCounter
 
-    key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer)
+    key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer, cpu_pin)
     tag = (run_key(kind, write_async) + key_suffix).replace("/", "-")
     work = WORK / "checkpoint-job" / tag
     shutil.rmtree(work, ignore_errors=True)
@@ -591,6 +597,8 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     if write_async is not None:
         options["state.backend.ndb.write.async"] = "true" if write_async else "false"
         options.update(WRITER_MODES[writer])
+        if cpu_pin:
+            options["state.backend.ndb.python.cpu-pin"] = "auto"
         drop_namespace(url, namespace)
     extra = flink_extra(kind, work / "checkpoints")
     if kind == "rocksdb":  # RocksDB's best case here: only new SST files per checkpoint
@@ -600,7 +608,8 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
                   "web.checkpoints.history": "1000"})
     env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
     client, job_id, submitted, first = start_sequence_job(
-        env, kind, ModuloKey(PAUSE_JOB_KEYS), RateCounter(str(rates), or_terms),
+        env, kind, ModuloKey(PAUSE_JOB_KEYS),
+        RateCounter(str(rates), or_terms, cpu_pin and write_async is None),
         PAUSE_OPERATOR, options, f"bench-checkpoint-{tag}", rates, parallelism,
         "checkpoint job")
     time.sleep(duration_s)
@@ -660,7 +669,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
 
 def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: int,
                    duration_s: float,
-                   job_kinds: list[tuple[str, bool | None, int | None, str]],
+                   job_kinds: list[tuple[str, bool | None, int | None, str, bool]],
                    warmup: bool) -> dict:
     """Part 3: the checkpoint pause at the protocol level (LocalSubtask) and on Flink."""
     out: dict[str, Any] = {"protocol": {}, "job": {}, "job_keys": PAUSE_JOB_KEYS,
@@ -676,12 +685,12 @@ def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: i
     if warmup:
         log("checkpoint job: an untimed warm-up run")
         pause_job("hashmap", None, 5, mysql_url, parallelism)
-    for kind, write_async, or_terms, writer in job_kinds:
-        key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer)
+    for kind, write_async, or_terms, writer, cpu_pin in job_kinds:
+        key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer, cpu_pin)
         log(f"checkpoint job: {run_label(kind, write_async)}{label_suffix}, "
             f"{duration_s:.0f} s")
         r = pause_job(kind, write_async, duration_s, mysql_url, parallelism, or_terms,
-                      writer)
+                      writer, cpu_pin)
         out["job"][run_key(kind, write_async) + key_suffix] = r
         log(f"  {r['records_per_s'] or 0:,.0f} records/s (seconds {r['min_second'] or 0:,}–"
             f"{r['max_second'] or 0:,}); {len(r['checkpoints'])} checkpoints, sync median "
@@ -1769,12 +1778,17 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
                                              rounds)
     part_done(order[1])
     if "snapshot" in parts:
-        job_kinds: list[tuple[str, bool | None, int | None, str]] = [
-            ("rocksdb", None, None, "thread"), ("ndb-mariadb", True, None, "thread"),
-            ("ndb-mariadb", True, None, "render-process"),
-            ("ndb-mariadb", True, None, "process"), ("ndb-mariadb", False, None, "thread")]
+        job_kinds: list[tuple[str, bool | None, int | None, str, bool]] = [
+            ("rocksdb", None, None, "thread", False), ("ndb-mariadb", True, None, "thread", False),
+            ("ndb-mariadb", True, None, "render-process", False),
+            ("ndb-mariadb", True, None, "process", False),
+            ("ndb-mariadb", False, None, "thread", False)]
         if not quick:
-            job_kinds += [("ndb-sqlite", True, None, "thread")]
+            job_kinds += [("ndb-sqlite", True, None, "thread", False)]
+        # Last: the JVM's interpreter stays pinned once a job pinned it (pause_job).
+        job_kinds += [("rocksdb", None, None, "thread", True),
+                      ("ndb-mariadb", True, None, "thread", True),
+                      ("ndb-mariadb", True, None, "render-process", True)]
         results["snapshot"] = bench_snapshot(
             [1_000, 10_000] if quick else [1_000, 10_000, 100_000], 2 if quick else 3,
             mysql_url, parallelism, 10 if quick else 40, job_kinds, warmup=not quick)

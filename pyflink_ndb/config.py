@@ -97,6 +97,15 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "TaskManager in thread mode. Reference counting still frees those objects; "
                "a reference cycle among them is never collected. `false`: leave the "
                "collector as it is."),
+    OptionSpec("python.cpu-pin", "python_cpu_pin", "off",
+               "Run every thread of the TaskManager's interpreter that runs Python (the "
+               "Python operators' task threads, the background writers) on one CPU: they "
+               "share one GIL, so they never use more than one CPU together, and on "
+               "different CPUs each hand-over of the GIL wakes a thread on another CPU. "
+               "`auto`: a CPU the TaskManager may run on, chosen by its process id; a "
+               "number: that CPU; `off`: leave the threads to the scheduler. Linux only "
+               "(elsewhere: off). The JVM's other threads, the render process and the "
+               "database keep every CPU (README, \"Thread mode\")."),
     OptionSpec("restore.mode", "restore_mode", "lazy",
                "`lazy`: read each key from the store when first needed; `eager`: prefetch the "
                "subtask's key groups into the local tier at open, before the first record; "
@@ -180,6 +189,7 @@ class NdbStateOptions:
     write_process: bool = False
     write_max_pending_bytes: int = 256 * 1024 * 1024
     python_gc_freeze: bool = True
+    python_cpu_pin: str = "off"
     restore_mode: str = "lazy"
     restore_key_filter: bool = True
     read_ahead_records: int = 100
@@ -215,6 +225,9 @@ class NdbStateOptions:
                       "at least 1")
         self._require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
                       "`lazy`, `eager` or `background`")
+        self._require(self.python_cpu_pin in ("off", "auto")
+                      or (self.python_cpu_pin.isdigit() and self.python_cpu_pin.isascii()),
+                      "python.cpu-pin", "`off`, `auto` or a CPU number (0, 1, …)")
         self._require(self.on_fresh_start in ("fail", "resume", "truncate"),
                       "on-fresh-start", "`fail`, `resume` or `truncate`")
         if self.checkpoints_retained is not None:

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyflink_ndb.cpu_pin import pin_current_thread
 from pyflink_ndb.errors import CheckpointError, FencedError
 
 log = logging.getLogger(__name__)
@@ -331,6 +332,7 @@ class BackgroundWriter:
             raise WriteCancelled(self.name)
 
     def _loop(self) -> None:
+        pin_current_thread()  # state.backend.ndb.python.cpu-pin (nothing when off)
         while True:
             with self._cv:
                 if not self._s.queue and not self._s.closing:

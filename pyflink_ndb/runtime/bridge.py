@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from pyflink_ndb.config import PREFIX, from_flink_keys
+from pyflink_ndb.cpu_pin import cpu_of_setting, pin_python_threads
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.backend import (
     BindInfo,
@@ -81,6 +82,9 @@ def bind(info_json: str, key_groups: KeyGroupOracle,
     """
     keys, info = parse_bind_info(info_json)
     options = from_flink_keys(keys)
+    cpu = cpu_of_setting(options.python_cpu_pin)
+    if cpu is not None:  # this task thread now, the writers and other operators later
+        pin_python_threads(cpu)
     backend = SubtaskStateBackend(options, info, key_groups, listener=listener)
     log.info("pyflink-ndb bound %s subtask %d/%d (attempt %d, key groups %d-%d) on %s",
              info.operator, info.subtask_index, info.parallelism, info.attempt,

@@ -1,5 +1,5 @@
 """The TaskManager's Python interpreter as the backend leaves it:
-`state.backend.ndb.python.gc-freeze`.
+`state.backend.ndb.python.gc-freeze` (and `python.cpu-pin`: :mod:`pyflink_ndb.cpu_pin`).
 
 In PyFlink's thread mode every Python operator of a TaskManager runs in one interpreter
 embedded in the JVM (PEMJA; java-bridge/README.md). CPython's cyclic garbage collector
@@ -52,3 +52,4 @@ def freeze_start_up_heap() -> int | None:
     log.info("pyflink-ndb: %d objects of the interpreter's start-up heap left out of future "
              "garbage collections (gc.freeze; state.backend.ndb.python.gc-freeze)", count)
     return count
+

@@ -54,6 +54,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from pyflink_ndb.cpu_pin import release_child
 from pyflink_ndb.errors import (
     FencedError,
     SerializationError,
@@ -647,6 +648,10 @@ class RenderProcess:
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, close_fds=True)
         except OSError as err:
             raise RenderProcessError(f"cannot start {python}: {err}") from err
+        try:  # a pinned writer's child would inherit its one CPU (python.cpu-pin)
+            release_child(self._child.pid)
+        except OSError:  # it died at once: the first request finds out
+            pass
         assert self._child.stdin is not None
         os.set_blocking(self._child.stdin.fileno(), False)  # see _write
         log.info("pyflink-ndb %s: %s process started (pid %d, %s)", self.name, self.kind,

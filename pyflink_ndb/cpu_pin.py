@@ -1,0 +1,133 @@
+"""The TaskManager's Python threads on one CPU: `state.backend.ndb.python.cpu-pin`.
+
+Every thread that runs Python in a TaskManager in thread mode (each Python operator's task
+thread, the background writers) takes the interpreter's one GIL, so together they never
+use more than one CPU. Left to the scheduler they run on different CPUs, and every hand-over
+of the GIL then wakes a thread on another CPU: PyFlink's embedded operators take and
+release the GIL for every record (PEMJA, java-bridge/README.md), so the hand-overs are
+many. Measured on part 3's checkpoint job (README, "Thread mode"; 2 CPUs, 2026-12-05):
+Flink's RocksDB backend ran 15,300–16,200 records/s as it was and 39,700 with the Python
+threads on one CPU; pyflink-ndb on MariaDB 9,800 and 21,500–23,600. The JVM's other
+threads (network, Flink's asynchronous checkpoint part, RocksDB's compactions, the garbage
+collector), the render process and the database keep every CPU.
+
+Linux's `sched_setaffinity` with pid 0 sets the calling thread's CPUs, not the process's
+(sched_setaffinity(2)); a thread inherits its creator's, so a child process started by a
+pinned thread is given the process's CPUs back (:func:`release_child`).
+
+This module sits below the layers that use it (the backend pins, the writer's thread and
+the render process ask it); it imports nothing of the package at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import types
+from typing import Any
+
+log = logging.getLogger(__name__)
+#: PyFlink's embedded operations, whose per-record methods pin a task thread that the
+#: backend did not open (a key selector's or a map's): (module, class, methods).
+EMBEDDED_OPERATIONS = (
+    ("pyflink.fn_execution.datastream.embedded.operations", "OneInputOperation",
+     ("process_element", "on_timer")),
+    ("pyflink.fn_execution.datastream.embedded.operations", "TwoInputOperation",
+     ("process_element1", "process_element2", "on_timer")),
+)
+
+_pin_lock = threading.Lock()
+_pinned_cpu: int | None = None
+_all_cpus: frozenset[int] | None = None
+
+
+def cpu_of_setting(setting: str, allowed: set[int] | None = None) -> int | None:
+    """The CPU that `state.backend.ndb.python.cpu-pin` names on this machine.
+
+    :param setting: `off` (None), `auto` (one of the process's allowed CPUs, chosen by the
+        process id so that TaskManagers on one host spread out) or a CPU number.
+    :param allowed: the CPUs the process may run on; None: :func:`os.sched_getaffinity`.
+    :returns: the CPU, or None for `off` and where threads cannot be pinned (not Linux).
+    :raises ConfigurationError: a CPU number outside `allowed`.
+    """
+    from pyflink_ndb.errors import ConfigurationError
+
+    if setting == "off" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    if setting == "auto":
+        return cpus[os.getpid() % len(cpus)]
+    cpu = int(setting)
+    if cpu not in cpus:
+        raise ConfigurationError(
+            f"state.backend.ndb.python.cpu-pin={setting} names a CPU this TaskManager may not "
+            f"run on (allowed: {', '.join(map(str, cpus))}): name one of them, or `auto`.")
+    return cpu
+
+
+def pin_python_threads(cpu: int) -> bool:
+    """Run every thread of this interpreter that runs Python on `cpu`: the calling thread
+    now, the background writers when they start (:func:`pin_current_thread`) and the task
+    thread of every other PyFlink Python operator at its next record or timer (the methods
+    of :data:`EMBEDDED_OPERATIONS`, patched once per interpreter; each operation then calls
+    its own method again directly).
+
+    :returns: True; False when an earlier call pinned to another CPU (that one stays: one
+        interpreter, one CPU; the calling thread is pinned to it).
+    """
+    global _pinned_cpu, _all_cpus
+    with _pin_lock:
+        if _pinned_cpu is None:
+            _all_cpus = frozenset(os.sched_getaffinity(0))
+            _pinned_cpu = cpu
+            _patch_embedded_operations()
+            log.info("pyflink-ndb: the interpreter's Python threads run on CPU %d "
+                     "(state.backend.ndb.python.cpu-pin)", cpu)
+        same = _pinned_cpu == cpu
+    pin_current_thread()
+    return same
+
+
+def pin_current_thread() -> None:
+    """Pin the calling thread to the CPU of :func:`pin_python_threads`; nothing when no
+    call pinned the interpreter (the default)."""
+    if _pinned_cpu is not None:
+        os.sched_setaffinity(0, {_pinned_cpu})
+
+
+def release_child(pid: int) -> None:
+    """Give a child process started by a pinned thread (which inherits the thread's one
+    CPU) every CPU the TaskManager had; nothing when threads are not pinned.
+
+    :raises OSError: the process is gone (the caller's own checks see it too)."""
+    if _pinned_cpu is not None and _all_cpus is not None:
+        os.sched_setaffinity(pid, _all_cpus)
+
+
+def _patch_embedded_operations() -> None:
+    import importlib
+
+    for module_name, class_name, methods in EMBEDDED_OPERATIONS:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):  # another apache-flink: nothing to patch
+            log.warning("pyflink-ndb: %s.%s not found: only the backend's own threads run "
+                        "on the pinned CPU", module_name, class_name)
+            continue
+        for name in methods:
+            original = cls.__dict__.get(name)
+            if original is not None and not getattr(original, "_pins_thread", False):
+                setattr(cls, name, _pinning(name, original))
+
+
+def _pinning(name: str, original: Any) -> Any:
+    def first_call(self: Any, *args: Any) -> Any:
+        pin_current_thread()
+        # This operation's later calls skip the patch (an instance attribute shadows it).
+        setattr(self, name, types.MethodType(original, self))
+        return original(self, *args)
+
+    first_call._pins_thread = True  # type: ignore[attr-defined]
+    first_call.__name__ = name
+    return first_call

@@ -1,0 +1,268 @@
+"""`state.backend.ndb.python.cpu-pin` (pyflink_ndb.cpu_pin): the TaskManager's Python
+threads on one CPU.
+
+The option's values; what pinning does to threads and child processes (in a fresh
+interpreter each time: pinning is once per interpreter and patches PyFlink's embedded
+operations); and on Flink's MiniCluster, that every thread that ran Python for the job
+(the source's key selector, the keyed function's task threads, the background writers)
+ran on the one CPU while the job's state stayed exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+from conftest import drop_namespace, unique_namespace
+from pyflink.common import Configuration, Types
+from pyflink.datastream import (
+    CheckpointingMode,
+    KeyedProcessFunction,
+    StreamExecutionEnvironment,
+)
+from pyflink.datastream.functions import KeySelector
+from pyflink.datastream.state import ValueStateDescriptor
+
+import pyflink_ndb
+from pyflink_ndb.config import NdbStateOptions, from_flink_keys
+from pyflink_ndb.cpu_pin import cpu_of_setting
+from pyflink_ndb.errors import ConfigurationError
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOWED = sorted(os.sched_getaffinity(0))
+
+
+# -- the option -----------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["off", "auto", "0", "3"])
+def test_accepted_values(value: str) -> None:
+    options = from_flink_keys({"state.backend.ndb.python.cpu-pin": value})
+    assert options.python_cpu_pin == value
+    assert NdbStateOptions().python_cpu_pin == "off"  # the default leaves threads alone
+
+
+@pytest.mark.parametrize("value", ["on", "-1", "1.5", "", "٣"])
+def test_refused_values_name_the_key_and_the_choices(value: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"python\.cpu-pin.*`off`, `auto` or a CPU"):
+        from_flink_keys({"state.backend.ndb.python.cpu-pin": value})
+
+
+def test_cpu_of_setting() -> None:
+    assert cpu_of_setting("off") is None
+    assert cpu_of_setting("auto") in ALLOWED
+    assert cpu_of_setting("auto", {5, 7}) == [5, 7][os.getpid() % 2]  # spread by process
+    assert cpu_of_setting("7", {5, 7}) == 7
+    with pytest.raises(ConfigurationError, match=r"CPU this TaskManager may not run on "
+                                                  r"\(allowed: 5, 7\)"):
+        cpu_of_setting("6", {5, 7})
+
+
+# -- threads and child processes, in a fresh interpreter -------------------------------------
+SCRIPT = """
+import json, os, subprocess, sys, threading
+from pyflink_ndb import cpu_pin
+from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job
+from pyflink_ndb.cpu_pin import pin_python_threads, release_child
+
+
+class OneInputOperation:  # PyFlink's embedded operation's shape (it imports only in PEMJA)
+    def __init__(self, open_func, close_func, process_element_func):
+        self._process_element_func = process_element_func
+
+    def process_element(self, value):
+        return self._process_element_func(value)
+
+
+cpu_pin.EMBEDDED_OPERATIONS = (("__main__", "OneInputOperation", ("process_element",)),)
+
+cpu = int(sys.argv[1])
+everything = sorted(os.sched_getaffinity(0))
+seen = {}
+
+def affinity():
+    return sorted(os.sched_getaffinity(0))
+
+# An operation opened before the pinning (a map's task thread, say).
+operation = OneInputOperation(lambda: None, lambda: None, lambda v: (v, affinity()))
+def before_and_after(name):
+    seen[name + " before its record"] = affinity()
+    seen[name + " record"] = operation.process_element(1)[1]
+    seen[name + " patched once"] = "process_element" in operation.__dict__
+    seen[name + " second record"] = operation.process_element(2)[1]
+
+pinner = threading.Thread(target=lambda: seen.update(
+    pinned=pin_python_threads(cpu), pinner=affinity(),
+    again=pin_python_threads((cpu + 1) % (max(everything) + 1)), pinner_after=affinity()))
+pinner.start(); pinner.join()
+seen["main thread"] = affinity()  # never ran an operation: left alone
+other = threading.Thread(target=before_and_after, args=("operation thread",))
+other.start(); other.join()
+
+# A writer thread started by an unpinned thread pins itself.
+writer = BackgroundWriter("w", 1 << 20)
+done = threading.Event()
+writer.submit(Job(run=lambda: (seen.update(writer=affinity()), done.set()), name="probe"))
+done.wait(10)
+writer.close()
+
+# A child started by a pinned thread gets every CPU back.
+def start_child():
+    os.sched_setaffinity(0, {cpu})
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    seen["child before"] = sorted(os.sched_getaffinity(child.pid))
+    release_child(child.pid)
+    seen["child after"] = sorted(os.sched_getaffinity(child.pid))
+    child.kill(); child.wait()
+starter = threading.Thread(target=start_child)
+starter.start(); starter.join()
+print(json.dumps({"everything": everything, **seen}))
+"""
+
+
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="needs a machine with two CPUs or more")
+def test_pinning_threads_operations_writers_and_children() -> None:
+    cpu = ALLOWED[-1]
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(cpu)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    everything = seen["everything"]
+    assert seen["pinned"] is True and seen["pinner"] == [cpu]
+    # One interpreter, one CPU: a second call names another CPU, the first one stays.
+    assert seen["again"] is False and seen["pinner_after"] == [cpu]
+    assert seen["main thread"] == everything
+    assert seen["operation thread before its record"] == everything
+    assert seen["operation thread record"] == [cpu]  # pinned before its function ran
+    assert seen["operation thread patched once"] is True
+    assert seen["operation thread second record"] == [cpu]
+    assert seen["writer"] == [cpu]
+    assert seen["child before"] == [cpu] and seen["child after"] == everything
+
+
+def test_nothing_is_pinned_by_default() -> None:
+    """The writer's own call is a no-op while no one pinned the interpreter."""
+    code = ("import os, threading; from pyflink_ndb.cpu_pin import pin_current_thread;"
+            "pin_current_thread(); print(sorted(os.sched_getaffinity(0)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ALLOWED
+
+
+# -- on Flink's MiniCluster ------------------------------------------------------------------
+KEYS = 500
+PER_KEY = 4
+
+
+def _affinity_report(path: str, who: str) -> None:
+    """Append this thread's name, native id and CPUs to `path` (one JSON line)."""
+    with open(path, "a") as out:
+        out.write(json.dumps([who, threading.current_thread().name,
+                              threading.get_native_id(),
+                              sorted(os.sched_getaffinity(0))]) + "\n")
+
+
+class ReportingKey(KeySelector):
+    """The key (`value % KEYS`); reports its thread's CPUs at the first record of each
+    thread (the source's Python key-selector operator)."""
+
+    def __init__(self, report: str) -> None:
+        self.report = report
+        self.seen: set[int] = set()
+
+    def get_key(self, value: int) -> int:
+        if threading.get_native_id() not in self.seen:
+            self.seen.add(threading.get_native_id())
+            _affinity_report(self.report, "key selector")
+        return value % KEYS
+
+
+class Counting(KeyedProcessFunction):
+    """A count per key; reports its task thread's CPUs at open, at its first record and at
+    close, and every 50 records the CPUs of the background writers' threads then alive."""
+
+    def __init__(self, report: str) -> None:
+        self.report = report
+
+    def open(self, runtime_context: Any) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("n", Types.LONG()))
+        self.records = 0
+        _affinity_report(self.report, "keyed open")
+
+    def process_element(self, value: int, ctx: Any) -> Any:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        self.records += 1
+        if self.records == 1:
+            _affinity_report(self.report, "keyed first record")
+        if self.records % 50 == 0:
+            self._report_writers()
+        time.sleep(0.002)  # 2 s per subtask: checkpoints every 0.3 s, writers at work
+        yield ctx.get_current_key(), n
+
+    def _report_writers(self) -> None:
+        with open(self.report, "a") as out:
+            for thread in threading.enumerate():
+                if thread.name.startswith("pyflink-ndb-writer") and thread.native_id:
+                    out.write(json.dumps(["writer", thread.name, thread.native_id,
+                                          sorted(os.sched_getaffinity(thread.native_id))])
+                              + "\n")
+
+    def close(self) -> None:
+        _affinity_report(self.report, "keyed close")
+        self._report_writers()
+
+
+@pytest.mark.flink
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="needs a machine with two CPUs or more")
+def test_a_pinned_job_runs_every_python_thread_on_one_cpu(tmp_path, mysql_url) -> None:
+    namespace = unique_namespace("pin")
+    report = tmp_path / "threads.jsonl"
+    cpu = ALLOWED[-1]
+    config = Configuration()
+    config.set_string("python.execution-mode", "thread")
+    config.set_string("python.executable", sys.executable)
+    config.set_string("restart-strategy.type", "none")
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    env.set_parallelism(2)
+    env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
+    numbers = env.from_collection(list(range(KEYS * PER_KEY)), type_info=Types.LONG())
+    keyed = numbers.key_by(ReportingKey(str(report)), key_type=Types.LONG())
+    options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace,
+               "state.backend.ndb.on-fresh-start": "truncate",
+               "state.backend.ndb.python.cpu-pin": str(cpu)}
+    out = pyflink_ndb.process(keyed, Counting(str(report)),
+                              output_type=Types.TUPLE([Types.LONG(), Types.LONG()]),
+                              uid="pinned-counts", options=options)
+    try:
+        with out.execute_and_collect() as results:
+            outputs = list(results)
+    finally:
+        drop_namespace(mysql_url, namespace)
+
+    finals: dict[int, int] = {}
+    for key, n in outputs:
+        finals[key] = max(finals.get(key, 0), n)
+    assert len(outputs) == KEYS * PER_KEY
+    assert finals == {k: PER_KEY for k in range(KEYS)}  # the state stayed exact
+
+    lines = [json.loads(line) for line in report.read_text().splitlines()]
+    by_role: dict[str, list[list[int]]] = {}
+    for role, _name, _tid, cpus in lines:
+        by_role.setdefault(role, []).append(cpus)
+    # bind() pinned the keyed task threads before open; the writers when they started;
+    # the key selector's thread at its first record (the patched embedded operation).
+    for role in ("keyed open", "keyed first record", "keyed close", "key selector",
+                 "writer"):
+        assert by_role.get(role), f"no report from {role}: {lines}"
+        assert all(cpus == [cpu] for cpus in by_role[role]), (role, lines)
+    assert len(by_role["keyed open"]) == 2
