@@ -122,6 +122,9 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
 )
+#: `--flink-conf state.backend.ndb.python.cpu-pin=auto` pins pyflink-ndb's TaskManager
+#: threads (the option) and those of Flink's own backends (:class:`Phases`) alike.
+CPU_PIN_KEY = "state.backend.ndb.python.cpu-pin"
 #: `--quick`: one backend of each kind.
 QUICK_BACKENDS = ("hashmap", "rocksdb-incremental", "ndb-sqlite", "ndb-mariadb-background")
 _BY_KEY = {b[0]: b for b in BACKENDS}
@@ -174,16 +177,26 @@ class Phases(FlatMapFunction):
     `mode` "job": attempt 0 builds keys 0..keys-1 (expected 0: no value yet), a later
     attempt (after the injected failure) runs probe 1; "rescale": probe 2. Each plan is
     followed by end markers `(-1 - j, -1)`, then numbers are dropped; in attempt 0 the
-    flag file `<run_dir>/fail-now` makes it emit `(FAIL_KEY, -2)` once.
+    flag file `<run_dir>/fail-now` makes it emit `(FAIL_KEY, -2)` once. `cpu_pin` (Flink's
+    own backends; pyflink-ndb reads `state.backend.ndb.python.cpu-pin` itself): the
+    TaskManager's Python threads on one CPU (:mod:`pyflink_ndb.cpu_pin`).
     """
 
-    def __init__(self, run_dir: str, keys: int, probe: int, mode: str) -> None:
+    def __init__(self, run_dir: str, keys: int, probe: int, mode: str,
+                 cpu_pin: str = "off") -> None:
         self.run_dir = run_dir
         self.keys = keys
         self.probe = probe
         self.mode = mode
+        self.cpu_pin = cpu_pin
 
     def open(self, runtime_context: RuntimeContext) -> None:
+        if self.cpu_pin != "off":  # Flink's backends: what `python.cpu-pin` does
+            from pyflink_ndb.cpu_pin import cpu_of_setting, pin_python_threads
+
+            cpu = cpu_of_setting(self.cpu_pin)
+            if cpu is not None:
+                pin_python_threads(cpu)
         folder = Path(self.run_dir)
         self.attempt = runtime_context.get_attempt_number()
         self.building = self.mode == "job" and self.attempt == 0
@@ -402,7 +415,8 @@ def store_size(kind: str, url: str, namespace: str) -> int | None:
 
 
 def _build_job(env: Any, kind: str, run_dir: Path, keys: int, probe: int, mode: str,
-               phase: str, keyed_parallelism: int, options: Mapping[str, str]) -> None:
+               phase: str, keyed_parallelism: int, options: Mapping[str, str],
+               conf: Mapping[str, str]) -> None:
     from pyflink.common import WatermarkStrategy
     from pyflink.datastream.connectors import Sink
     from pyflink.datastream.connectors.number_seq import NumberSequenceSource
@@ -413,7 +427,8 @@ def _build_job(env: Any, kind: str, run_dir: Path, keys: int, probe: int, mode: 
     records = (env.from_source(NumberSequenceSource(0, 2 ** 62),
                                WatermarkStrategy.no_watermarks(), "sequence")
                .uid("sequence").set_parallelism(1)
-               .flat_map(Phases(str(run_dir), keys, probe, mode),
+               .flat_map(Phases(str(run_dir), keys, probe, mode,
+                                "off" if options else conf.get(CPU_PIN_KEY, "off")),
                          Types.TUPLE([Types.LONG(), Types.LONG()]))
                .uid("phases").set_parallelism(1))
     keyed = records.key_by(lambda r: r[0], key_type=Types.LONG())
@@ -467,7 +482,7 @@ def rescale_run(kind: str, fmt: str, savepoint: str, work: Path, keys: int, prob
     env = make_environment(1, 1000, extra=conf)
     env.set_restart_strategy(RestartStrategies.no_restart())
     _build_job(env, kind, run_dir, keys, probe, "rescale", "rescale", RESCALE_PARALLELISM,
-               options)
+               options, conf)
     submitted = time.time()
     client = env.execute_async(f"bench-recovery-rescale-{kind}-{fmt}-{keys}")
     markers = run_dir / "rescale-a0"
@@ -555,7 +570,7 @@ def run_backend(key: str, keys: int, mysql_url: str, prefix: str, work: str,
                  "rest.cache.checkpoint-statistics.timeout": "100 ms"})
     env = make_environment(1, CHECKPOINT_MS, extra=conf)
     env.set_restart_strategy(RestartStrategies.fixed_delay_restart(1, 0))
-    _build_job(env, kind, run_dir, keys, probe, "job", "job", PARALLELISM, options)
+    _build_job(env, kind, run_dir, keys, probe, "job", "job", PARALLELISM, options, conf)
     jvm = java_pid()
     sampler = RssSampler(jvm)
     sampler.start()
