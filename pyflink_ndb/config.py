@@ -225,8 +225,9 @@ class NdbStateOptions:
                       "at least 1")
         self._require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
                       "`lazy`, `eager` or `background`")
-        self._require(self.python_cpu_pin in ("off", "auto")
-                      or (self.python_cpu_pin.isdigit() and self.python_cpu_pin.isascii()),
+        pin = self.python_cpu_pin.lower()
+        self._require(pin in ("off", "auto") or (pin.isdigit() and pin.isascii()
+                                                 and len(pin) <= 5),
                       "python.cpu-pin", "`off`, `auto` or a CPU number (0, 1, …)")
         self._require(self.on_fresh_start in ("fail", "resume", "truncate"),
                       "on-fresh-start", "`fail`, `resume` or `truncate`")

@@ -12,8 +12,19 @@ threads (network, Flink's asynchronous checkpoint part, RocksDB's compactions, t
 collector), the render process and the database keep every CPU.
 
 Linux's `sched_setaffinity` with pid 0 sets the calling thread's CPUs, not the process's
-(sched_setaffinity(2)); a thread inherits its creator's, so a child process started by a
-pinned thread is given the process's CPUs back (:func:`release_child`).
+(sched_setaffinity(2)), and a thread or process inherits its creator's. So whatever a
+pinned thread creates starts on the one CPU too: RocksDB's flush and compaction threads
+(rocksdict opens the local tier on the task thread), the thread pools that Java fills
+lazily from the task thread (Flink's `AsyncOperations` of the asynchronous checkpoint
+part, the processing-time timer threads) and the render process. A child process is given
+the process's CPUs back when it starts (:func:`release_child`); every other thread of the
+process that is on the one CPU without having been pinned on purpose is given them back
+right after the backend opens and at every completed checkpoint
+(:func:`release_inherited`).
+
+One interpreter, one CPU: the first job of a TaskManager that pins decides, and its pin
+stays for the interpreter's life (a later job that says `off` or names another CPU is
+pinned as well, with a warning in the log: restart the TaskManager to change it).
 
 This module sits below the layers that use it (the backend pins, the writer's thread and
 the render process ask it); it imports nothing of the package at import time.
@@ -40,6 +51,11 @@ EMBEDDED_OPERATIONS = (
 _pin_lock = threading.Lock()
 _pinned_cpu: int | None = None
 _all_cpus: frozenset[int] | None = None
+#: Native ids of the threads pinned on purpose (:func:`pin_current_thread`), which
+#: :func:`release_inherited` leaves alone.
+_on_purpose: set[int] = set()
+#: Characters of a CPU number at most (the option's check).
+MAX_CPU_DIGITS = 5
 
 
 def cpu_of_setting(setting: str, allowed: set[int] | None = None) -> int | None:
@@ -53,12 +69,13 @@ def cpu_of_setting(setting: str, allowed: set[int] | None = None) -> int | None:
     """
     from pyflink_ndb.errors import ConfigurationError
 
+    setting = setting.strip().lower()
     if setting == "off" or not hasattr(os, "sched_setaffinity"):
         return None
     cpus = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
     if setting == "auto":
         return cpus[os.getpid() % len(cpus)]
-    cpu = int(setting)
+    cpu = int(setting) if setting.isdigit() and len(setting) <= MAX_CPU_DIGITS else -1
     if cpu not in cpus:
         raise ConfigurationError(
             f"state.backend.ndb.python.cpu-pin={setting} names a CPU this TaskManager may not "
@@ -89,11 +106,54 @@ def pin_python_threads(cpu: int) -> bool:
     return same
 
 
+def pinned_cpu() -> int | None:
+    """The CPU this interpreter's Python threads are pinned to; None: not pinned."""
+    return _pinned_cpu
+
+
 def pin_current_thread() -> None:
     """Pin the calling thread to the CPU of :func:`pin_python_threads`; nothing when no
     call pinned the interpreter (the default)."""
     if _pinned_cpu is not None:
+        _on_purpose.add(threading.get_native_id())
         os.sched_setaffinity(0, {_pinned_cpu})
+
+
+def forget_current_thread() -> None:
+    """The calling thread pinned itself and ends (a writer going idle): its native id may
+    be reused by a thread that :func:`release_inherited` must release."""
+    _on_purpose.discard(threading.get_native_id())
+
+
+def release_inherited() -> int:
+    """Give every CPU back to each thread of this process that runs on the pinned CPU only
+    without having been pinned on purpose (it inherited the pin from the thread that
+    created it: module docstring). Nothing when not pinned or where `/proc` has no task
+    list. Cost: two system calls per thread of the process (a JVM has a few hundred).
+
+    :returns: how many threads were released.
+    """
+    cpu, everything = _pinned_cpu, _all_cpus
+    if cpu is None or everything is None:
+        return 0
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return 0
+    released = 0
+    for tid in tids:
+        if tid in _on_purpose:
+            continue
+        try:
+            if os.sched_getaffinity(tid) == {cpu}:
+                os.sched_setaffinity(tid, everything)
+                released += 1
+        except OSError:  # the thread ended meanwhile
+            continue
+    if released:
+        log.debug("pyflink-ndb: %d threads that inherited the Python threads' CPU given "
+                  "every CPU back", released)
+    return released
 
 
 def release_child(pid: int) -> None:

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyflink_ndb.cpu_pin import pin_current_thread
+from pyflink_ndb.cpu_pin import forget_current_thread, pin_current_thread
 from pyflink_ndb.errors import CheckpointError, FencedError
 
 log = logging.getLogger(__name__)
@@ -333,6 +333,12 @@ class BackgroundWriter:
 
     def _loop(self) -> None:
         pin_current_thread()  # state.backend.ndb.python.cpu-pin (nothing when off)
+        try:
+            self._run_jobs()
+        finally:
+            forget_current_thread()
+
+    def _run_jobs(self) -> None:
         while True:
             with self._cv:
                 if not self._s.queue and not self._s.closing:

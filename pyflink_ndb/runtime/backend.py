@@ -33,6 +33,7 @@ from pyflink_ndb.checkpoint.key_filter_build import KeyFilterBuild
 from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.cpu_pin import release_inherited
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.interpreter import freeze_start_up_heap
 from pyflink_ndb.serialization.keys import encode_key
@@ -331,6 +332,7 @@ class SubtaskStateBackend:
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.protocol.complete(int(checkpoint_id))
+        release_inherited()  # python.cpu-pin: threads Java started from a pinned thread
         if self.options.python_gc_freeze:
             freeze_start_up_heap()  # once per interpreter: after the job's start-up
         if self.metrics is not None:

@@ -13,7 +13,12 @@ import threading
 from typing import Any
 
 from pyflink_ndb.config import PREFIX, from_flink_keys
-from pyflink_ndb.cpu_pin import cpu_of_setting, pin_python_threads
+from pyflink_ndb.cpu_pin import (
+    cpu_of_setting,
+    pin_python_threads,
+    pinned_cpu,
+    release_inherited,
+)
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.backend import (
     BindInfo,
@@ -84,8 +89,17 @@ def bind(info_json: str, key_groups: KeyGroupOracle,
     options = from_flink_keys(keys)
     cpu = cpu_of_setting(options.python_cpu_pin)
     if cpu is not None:  # this task thread now, the writers and other operators later
-        pin_python_threads(cpu)
+        if not pin_python_threads(cpu):
+            log.warning("pyflink-ndb: python.cpu-pin=%s, but an earlier job pinned this "
+                        "TaskManager's Python threads to CPU %s, which stays (one "
+                        "interpreter, one CPU): restart the TaskManager to change it",
+                        options.python_cpu_pin, pinned_cpu())
+    elif pinned_cpu() is not None:
+        log.warning("pyflink-ndb: python.cpu-pin is off, but an earlier job pinned this "
+                    "TaskManager's Python threads to CPU %s, which stays for the "
+                    "interpreter's life: restart the TaskManager to unpin", pinned_cpu())
     backend = SubtaskStateBackend(options, info, key_groups, listener=listener)
+    release_inherited()  # RocksDB's threads, if the local tier's open started them here
     log.info("pyflink-ndb bound %s subtask %d/%d (attempt %d, key groups %d-%d) on %s",
              info.operator, info.subtask_index, info.parallelism, info.attempt,
              info.key_group_start, info.key_group_end, backend.store.describe())
