@@ -26,6 +26,33 @@ def parse_key_line(line: str) -> str | None:
     return key or None
 
 
+#: pyflink-ndb's option; `--flink-conf` of bench.profile and bench.recovery with it set
+#: pins pyflink-ndb's TaskManager threads (the option) and Flink's backends' (the jobs'
+#: functions call :func:`pin_like_the_option`) alike.
+CPU_PIN_OPTION = "state.backend.ndb.python.cpu-pin"
+
+
+def pin_like_the_option(setting: str) -> None:
+    """For Flink's own backends, what pyflink-ndb's `state.backend.ndb.python.cpu-pin` does
+    (`setting`: `off`, `auto` or a CPU): the TaskManager's Python threads on one CPU,
+    pinned from the calling operator's thread (:mod:`pyflink_ndb.cpu_pin`; it stays for the
+    JVM's later jobs). Call :func:`release_inherited` now and then (the backend does it at
+    every completed checkpoint) so that Flink's asynchronous checkpoint threads, started
+    from a pinned task thread, keep every CPU."""
+    from pyflink_ndb.cpu_pin import cpu_of_setting, pin_python_threads
+
+    cpu = cpu_of_setting(setting)
+    if cpu is not None:
+        pin_python_threads(cpu)
+
+
+def release_inherited() -> None:
+    """:func:`pyflink_ndb.cpu_pin.release_inherited` (nothing when not pinned)."""
+    from pyflink_ndb.cpu_pin import release_inherited as release
+
+    release()
+
+
 class KeyedCounter(KeyedProcessFunction):
     """A ValueState of (updates, 100-character payload) per key.
 
@@ -109,13 +136,7 @@ class RateCounter(KeyedProcessFunction):
 
     def open(self, runtime_context: RuntimeContext) -> None:
         if self.cpu_pin:
-            # Flink's own backends: the TaskManager's Python threads on one CPU, as
-            # pyflink-ndb's `python.cpu-pin: auto` does (stays for the JVM's later jobs).
-            from pyflink_ndb.cpu_pin import cpu_of_setting, pin_python_threads
-
-            cpu = cpu_of_setting("auto")
-            if cpu is not None:
-                pin_python_threads(cpu)
+            pin_like_the_option("auto")
         if self.or_terms is not None:
             # The TaskManager's interpreter outlives the job: later jobs of the same JVM
             # see the value too (the bench runs this experiment last).
@@ -132,6 +153,8 @@ class RateCounter(KeyedProcessFunction):
         self.state.update(1 if current is None else current + 1)
         now = int(time.time())
         if now != self.second:
+            if self.cpu_pin:
+                release_inherited()
             if self.count:
                 with self.path.open("a") as f:
                     f.write(f"{self.second} {self.count}\n")

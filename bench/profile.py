@@ -46,6 +46,8 @@ import numpy as np
 from pyflink.common import Types
 from pyflink.datastream import KeyedProcessFunction, KeySelector, RuntimeContext
 
+from bench.functions import CPU_PIN_OPTION, pin_like_the_option, release_inherited
+
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR = "bench-profile"
 #: `state.backend.ndb.cache.max-entries` of the pyflink-ndb runs (per subtask).
@@ -177,12 +179,17 @@ class UserProfile(KeyedProcessFunction):
     Counts per wall-clock second the records it processed and the users it saw first
     (their profile was empty) and appends `second records new_users` to
     `<rate_dir>/rate-<subtask>` when a second is over (as bench.functions.RateCounter).
+    `cpu_pin` (Flink's own backends; pyflink-ndb reads `state.backend.ndb.python.cpu-pin`
+    itself): the TaskManager's Python threads on one CPU.
     """
 
-    def __init__(self, rate_dir: str) -> None:
+    def __init__(self, rate_dir: str, cpu_pin: str = "off") -> None:
         self.rate_dir = rate_dir
+        self.cpu_pin = cpu_pin
 
     def open(self, runtime_context: RuntimeContext) -> None:
+        if self.cpu_pin != "off":  # Flink's own backends: what `python.cpu-pin` does
+            pin_like_the_option(self.cpu_pin)
         profile, last_seen, recent = profile_descriptors()
         self.profile = runtime_context.get_state(profile)
         self.last_seen = runtime_context.get_map_state(last_seen)
@@ -199,6 +206,8 @@ class UserProfile(KeyedProcessFunction):
             self.new_users += 1
         second = int(now)
         if second != self.second:
+            if self.cpu_pin != "off":
+                release_inherited()  # Flink's asynchronous checkpoint threads
             if self.count:
                 with self.path.open("a") as f:
                     f.write(f"{self.second} {self.count} {self.new_users}\n")
@@ -350,7 +359,9 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
     sampler.start()
     rss_before_kb = proc_status_kb(jvm, "VmRSS")
     client, job_id, submitted, first = start_sequence_job(
-        env, kind, ZipfUser(), UserProfile(str(rates)), OPERATOR, options,
+        env, kind, ZipfUser(),
+        UserProfile(str(rates), "off" if options else extra.get(CPU_PIN_OPTION, "off")),
+        OPERATOR, options,
         f"bench-profile-{key}", rates, parallelism, "profile job")
     time.sleep(duration_s)
     metrics: dict[str, float] = {}

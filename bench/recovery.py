@@ -71,6 +71,8 @@ import numpy as np
 from pyflink.common import Types
 from pyflink.datastream import FlatMapFunction, KeyedProcessFunction, RuntimeContext
 
+from bench.functions import CPU_PIN_OPTION, pin_like_the_option, release_inherited
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -122,9 +124,6 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
 )
-#: `--flink-conf state.backend.ndb.python.cpu-pin=auto` pins pyflink-ndb's TaskManager
-#: threads (the option) and those of Flink's own backends (:class:`Phases`) alike.
-CPU_PIN_KEY = "state.backend.ndb.python.cpu-pin"
 #: `--quick`: one backend of each kind.
 QUICK_BACKENDS = ("hashmap", "rocksdb-incremental", "ndb-sqlite", "ndb-mariadb-background")
 _BY_KEY = {b[0]: b for b in BACKENDS}
@@ -192,11 +191,7 @@ class Phases(FlatMapFunction):
 
     def open(self, runtime_context: RuntimeContext) -> None:
         if self.cpu_pin != "off":  # Flink's backends: what `python.cpu-pin` does
-            from pyflink_ndb.cpu_pin import cpu_of_setting, pin_python_threads
-
-            cpu = cpu_of_setting(self.cpu_pin)
-            if cpu is not None:
-                pin_python_threads(cpu)
+            pin_like_the_option(self.cpu_pin)
         folder = Path(self.run_dir)
         self.attempt = runtime_context.get_attempt_number()
         self.building = self.mode == "job" and self.attempt == 0
@@ -216,6 +211,8 @@ class Phases(FlatMapFunction):
     def flat_map(self, value: int) -> Any:
         i = self.i
         self.i = i + 1
+        if self.cpu_pin != "off" and i % 10_000 == 0:
+            release_inherited()  # Flink's asynchronous checkpoint threads keep every CPU
         if i < self.planned:
             yield (i, 0) if self.building else (self.plan_keys[i], self.plan_expected[i])
             return
@@ -428,7 +425,7 @@ def _build_job(env: Any, kind: str, run_dir: Path, keys: int, probe: int, mode: 
                                WatermarkStrategy.no_watermarks(), "sequence")
                .uid("sequence").set_parallelism(1)
                .flat_map(Phases(str(run_dir), keys, probe, mode,
-                                "off" if options else conf.get(CPU_PIN_KEY, "off")),
+                                "off" if options else conf.get(CPU_PIN_OPTION, "off")),
                          Types.TUPLE([Types.LONG(), Types.LONG()]))
                .uid("phases").set_parallelism(1))
     keyed = records.key_by(lambda r: r[0], key_type=Types.LONG())
