@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyflink_ndb.cpu_pin import MAX_CPU_DIGITS
 from pyflink_ndb.errors import ConfigurationError
 
 PREFIX = "state.backend.ndb."
@@ -227,7 +228,7 @@ class NdbStateOptions:
                       "`lazy`, `eager` or `background`")
         pin = self.python_cpu_pin.lower()
         self._require(pin in ("off", "auto") or (pin.isdigit() and pin.isascii()
-                                                 and len(pin) <= 5),
+                                                 and len(pin) <= MAX_CPU_DIGITS),
                       "python.cpu-pin", "`off`, `auto` or a CPU number (0, 1, …)")
         self._require(self.on_fresh_start in ("fail", "resume", "truncate"),
                       "on-fresh-start", "`fail`, `resume` or `truncate`")

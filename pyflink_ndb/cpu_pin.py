@@ -39,6 +39,7 @@ import types
 from typing import Any
 
 log = logging.getLogger(__name__)
+
 #: PyFlink's embedded operations, whose per-record methods pin a task thread that the
 #: backend did not open (a key selector's or a map's): (module, class, methods).
 EMBEDDED_OPERATIONS = (

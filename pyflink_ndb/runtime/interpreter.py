@@ -52,4 +52,3 @@ def freeze_start_up_heap() -> int | None:
     log.info("pyflink-ndb: %d objects of the interpreter's start-up heap left out of future "
              "garbage collections (gc.freeze; state.backend.ndb.python.gc-freeze)", count)
     return count
-
