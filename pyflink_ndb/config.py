@@ -104,7 +104,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "share one GIL, so they never use more than one CPU together, and on "
                "different CPUs each hand-over of the GIL wakes a thread on another CPU. "
                "`auto`: a CPU the TaskManager may run on, chosen by its process id; a "
-               "number: that CPU; `off`: leave the threads to the scheduler. Linux only "
+               "number: that CPU (checked at the TaskManager); `off`: leave the threads to "
+               "the scheduler. Linux only "
                "(elsewhere: off). The JVM's other threads, the render process and the "
                "database keep every CPU (README, \"Thread mode\")."),
     OptionSpec("restore.mode", "restore_mode", "lazy",
