@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyflink_ndb.cpu_pin import MAX_CPU_DIGITS
+from pyflink_ndb.cpu_pin import parse_setting as parse_cpu_pin
 from pyflink_ndb.errors import ConfigurationError
 
 PREFIX = "state.backend.ndb."
@@ -227,10 +227,8 @@ class NdbStateOptions:
                       "at least 1")
         self._require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
                       "`lazy`, `eager` or `background`")
-        pin = self.python_cpu_pin.lower()
-        self._require(pin in ("off", "auto") or (pin.isdigit() and pin.isascii()
-                                                 and len(pin) <= MAX_CPU_DIGITS),
-                      "python.cpu-pin", "`off`, `auto` or a CPU number (0, 1, …)")
+        self._require(parse_cpu_pin(self.python_cpu_pin) is not None, "python.cpu-pin",
+                      "`off`, `auto` or a CPU number (0, 1, …)")
         self._require(self.on_fresh_start in ("fail", "resume", "truncate"),
                       "on-fresh-start", "`fail`, `resume` or `truncate`")
         if self.checkpoints_retained is not None:

@@ -59,6 +59,19 @@ _on_purpose: set[int] = set()
 MAX_CPU_DIGITS = 5
 
 
+def parse_setting(setting: str) -> str | int | None:
+    """`state.backend.ndb.python.cpu-pin` read: `"off"`, `"auto"` (any case) or a CPU
+    number (ASCII digits, at most :data:`MAX_CPU_DIGITS`); None when it is none of these
+    (Flink's keys arrive stripped of blanks). The option's check and :func:`cpu_of_setting`
+    both use it."""
+    text = setting.lower()
+    if text in ("off", "auto"):
+        return text
+    if text.isdigit() and text.isascii() and len(text) <= MAX_CPU_DIGITS:
+        return int(text)
+    return None
+
+
 def cpu_of_setting(setting: str, allowed: set[int] | None = None) -> int | None:
     """The CPU that `state.backend.ndb.python.cpu-pin` names on this machine.
 
@@ -70,18 +83,19 @@ def cpu_of_setting(setting: str, allowed: set[int] | None = None) -> int | None:
     """
     from pyflink_ndb.errors import ConfigurationError
 
-    setting = setting.strip().lower()
-    if setting == "off" or not hasattr(os, "sched_setaffinity"):
+    parsed = parse_setting(setting)
+    if parsed == "off" or not hasattr(os, "sched_setaffinity"):
         return None
     cpus = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
-    if setting == "auto":
+    if parsed == "auto":
         return cpus[os.getpid() % len(cpus)]
-    cpu = int(setting) if setting.isdigit() and len(setting) <= MAX_CPU_DIGITS else -1
-    if cpu not in cpus:
+    if parsed not in cpus:
         raise ConfigurationError(
-            f"state.backend.ndb.python.cpu-pin={setting} names a CPU this TaskManager may not "
-            f"run on (allowed: {', '.join(map(str, cpus))}): name one of them, or `auto`.")
-    return cpu
+            f"state.backend.ndb.python.cpu-pin={setting} names a CPU this TaskManager "
+            f"may not run on (allowed: {', '.join(map(str, cpus))}): name one of them, or "
+            "`auto`.")
+    assert isinstance(parsed, int)
+    return parsed
 
 
 def pin_python_threads(cpu: int) -> bool:
