@@ -158,6 +158,28 @@ def hook_timer_keys(operation: Any, set_key: Any) -> bool:
     return True
 
 
+def answer_key_from_record(context: Any, backend: Any) -> bool:
+    """Make a record context's `get_current_key()` return `backend.current_key`, the key
+    that :func:`hook_record_keys` read from the record, instead of asking Java.
+
+    PyFlink's `InternalKeyedProcessFunctionContext.get_current_key()`
+    (`fn_execution/datastream/embedded/process_function.py`) converts
+    `j_context.getCurrentKey()`, a call into the JVM per record (about 25 us on the
+    user-profile job of `make bench`, part 7, with the GIL held); the record carries the
+    same key, converted by the same key type information, since PyFlink keys a stream by
+    field 0 of the `(key, value)` rows its key selector made. An instance attribute
+    shadows the method on this context object only; the timer context keeps Java's answer.
+    Returns False (nothing changed) when the context takes no attributes.
+    """
+    import functools
+
+    try:
+        context.get_current_key = functools.partial(getattr, backend, "current_key")
+    except AttributeError:
+        return False
+    return True
+
+
 def install_operator_factories(one_input: Any, two_input: Any,
                                keyed_broadcast: Any) -> tuple[Any, Any, Any]:
     """Replace PyFlink's builders of Java Python-function operators

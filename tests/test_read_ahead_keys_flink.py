@@ -2,7 +2,9 @@
 bridge hands Python the records as the operation receives them, and Python must read
 the same key from them as the record's own processing does (found by a breaker run;
 its other key types passed too: negative and large numbers, DOUBLE, BIG_DEC, SQL_DATE,
-booleans, the empty string, a 1,900-character string, pickled bytes and None)."""
+booleans, the empty string, a 1,900-character string, pickled bytes and None). The
+record context's `get_current_key()`, which answers from the record without calling
+Java, must give the same key as Java's own answer, for every key type."""
 
 from __future__ import annotations
 
@@ -45,7 +47,10 @@ class Counting(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: Any) -> Any:
         n = (self.count.value() or 0) + 1
         self.count.update(n)
-        yield repr((value[0], value[1], n, repr(ctx.get_current_key())))
+        # The context answers the record's key without Java; Java's own answer must agree.
+        answered = "get_current_key" in vars(ctx)
+        java = type(ctx).get_current_key(ctx)
+        yield repr((value[0], value[1], n, repr(ctx.get_current_key()), repr(java), answered))
 
     def close(self) -> None:
         t = self.backend.table
@@ -95,7 +100,8 @@ def check(output: list[Any], resumed: int) -> None:
     """Per key (keys that several names map to merge: counted by the key's repr), the
     counts continue the resumed ones, in order."""
     seen: dict[str, list[int]] = defaultdict(list)
-    for _name, _seq, n, key in output:
+    for _name, _seq, n, key, java_key, answered in output:
+        assert answered and key == java_key, (key, java_key, answered)
         seen[key].append(n)
     for key, ns in seen.items():
         m = len(ns)

@@ -103,11 +103,18 @@ def test_resume_continues_from_the_latest_committed_checkpoint(store, tmp_path):
     old.close()
 
 
-def test_truncate_starts_empty(store, tmp_path):
+def test_truncate_starts_empty(store, tmp_path, monkeypatch):
     _fill(store, tmp_path, NdbStateOptions())
     fresh = LocalSubtask(store, NdbStateOptions(on_fresh_start="truncate"),
                          local_dir=str(tmp_path / "truncate"))
+    reads: list[str] = []  # the store's own read methods, counted (issue 9, item 1)
+    for name in ("read_latest", "read_latest_many", "read_latest_batch", "scan_latest"):
+        method = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda *a, _m=method, _n=name, **k: (
+            reads.append(_n), _m(*a, **k))[1])
     assert _read_all(fresh) == {k: (None, {}) for k in range(50)}
+    assert reads == [], "after truncate no miss is a round trip"
+    monkeypatch.undo()
     assert store.read_operator("op").committed is None
     assert store.query_committed("op") == []
     assert store.list_snapshots("op") == []  # the old checkpoints are released

@@ -121,3 +121,71 @@ def test_an_entry_read_from_tier_2_and_evicted_unchanged_is_not_written_again(
         r.key(i)
         assert v.value() == (i * 10 if i % 2 == 0 else i)
     r.close()
+
+
+def _counting_scans(monkeypatch, store) -> list[int]:
+    """Count the store's own prefix scans (its method wrapped, not the table's counter)."""
+    calls = [0]
+    scan = store.scan_latest
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(store, "scan_latest", counted)
+    return calls
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "mysql"])
+def test_a_map_iterated_again_after_a_restore_is_answered_by_the_tiers(
+        store_kind, store_factory, local_dir, monkeypatch):
+    """Issue 9, item 4 (cache hits never cross into the store): after a lazy restore the
+    first iteration of a key's map reads the store (in pages) and puts what it read into
+    tier 2; iterating that map again, or reading one of its absent entries, costs no
+    round trip, and changes made since show. An iteration stopped early leaves the map
+    unmarked; without tier 2 every iteration asks the store."""
+    from pyflink_ndb.tiers import table as table_module
+
+    monkeypatch.setattr(table_module, "SCAN_PAGE_ROWS", 7)  # several pages per map
+    store = store_factory(store_kind)
+    descriptor = MapStateDescriptor("m", ANY, ANY)
+    options = NdbStateOptions(cache_max_entries=4)
+    first = LocalSubtask(store, options, local_dir=local_dir)
+    m = first.context.get_map_state(descriptor)
+    for k in ("a", "b"):
+        first.key(k)
+        for i in range(30):
+            m.put(i, f"{k}{i}")
+    first.checkpoint(1)
+    first.crash()
+
+    second = LocalSubtask(store, options, local_dir=local_dir, restored_checkpoint_id=1)
+    m = second.context.get_map_state(descriptor)
+    scans = _counting_scans(monkeypatch, store)
+    second.key("a")
+    assert dict(m.items()) == {i: f"a{i}" for i in range(30)}
+    assert scans[0] == 5, "30 entries in pages of 7: 5 queries"
+    m.put(100, "new")
+    m.remove(3)
+    assert m.get(12345) is None  # absent: the finished scan rules it out
+    expected = {i: f"a{i}" for i in range(30) if i != 3} | {100: "new"}
+    assert dict(m.items()) == expected and sorted(m.keys()) == sorted(expected)
+    assert scans[0] == 5, "the second iteration and the absent entry read no store"
+
+    second.key("b")
+    for _ in m.items():
+        break  # stopped early: "b" is not marked
+    assert dict(m.items()) == {i: f"b{i}" for i in range(30)}
+    assert scans[0] == 5 + 1 + 5
+    assert dict(m.items()) == {i: f"b{i}" for i in range(30)} and scans[0] == 11
+    second.checkpoint(2)
+    second.crash()
+
+    third = LocalSubtask(store, NdbStateOptions(cache_max_entries=4, local_enabled=False),
+                         local_dir=local_dir, restored_checkpoint_id=2)
+    m = third.context.get_map_state(descriptor)
+    third.key("a")
+    for _ in range(2):
+        assert dict(m.items()) == expected
+    assert scans[0] == 11 + 2 * 5, "without tier 2 nothing is remembered"
+    third.close()

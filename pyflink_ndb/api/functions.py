@@ -4,7 +4,10 @@ The wrapper is what PyFlink pickles; inside the TaskManager its `open()` claims 
 backend the bridge bound on this task thread and hands the user a
 :class:`TieredRuntimeContext`. Before each record the backend learns the current key: from
 the record itself when the bridge could hook the operation (no call into Java), otherwise
-from `ctx.get_current_key()`; before each timer always from the timer context.
+from `ctx.get_current_key()`; before each timer always from the timer context. When the
+key comes from the record, the record context's own `get_current_key()` answers it too
+(:func:`pyflink_ndb._pyflink.answer_key_from_record`): a user's function that asks its
+key per record does not call into Java either.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class _TieredFunction:
         self.function = function
         self._backend: Any = None
         self._logged: set[str] = set()
+        self._contexts: list[Any] = []  # record contexts that answer the key themselves
 
     def _guard(self, result: Any) -> Iterator[Any]:
         """Iterate the user's results (a generator runs the state calls lazily)."""
@@ -74,6 +78,9 @@ class _TieredFunction:
     def _record_key(self, ctx: Any) -> None:
         if not self._backend.keys_from_records:
             self._backend.set_current_key(ctx.get_current_key())
+        elif ctx not in self._contexts:  # identity first: PyFlink passes one context
+            self._contexts.append(ctx)
+            _pyflink.answer_key_from_record(ctx, self._backend)
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
         self._backend.set_current_key(ctx.get_current_key())

@@ -36,6 +36,9 @@ EntryId = tuple[int, bytes]
 
 #: Rows per page when a prefix scan reads tier 3.
 SCAN_PAGE_ROWS = 1000
+#: Prefixes remembered as scanned (:attr:`TieredTable.scanned_prefixes`); when full, the
+#: set starts again (a prefix forgotten costs its next scan one more round trip).
+SCANNED_PREFIXES_MAX = 100_000
 #: Bytes an entry is counted for beyond its value (key, tuple, dict slot), for the
 #: `write.max-pending-bytes` estimate.
 ENTRY_OVERHEAD_BYTES = 120
@@ -130,6 +133,10 @@ class TieredTable:
         #: build, `checkpoint.key_filter_build`, only with tier 2, for the reason above;
         #: filled in the background).
         self.key_filter: KeyFilter | None = None
+        #: (state id, prefix) whose stored entries a finished :meth:`scan_prefix` put
+        #: into tier 2 (only with tier 2, which never drops an entry): tiers 1-2 then
+        #: know every entry of the prefix, so a later scan of it needs no round trip.
+        self.scanned_prefixes: set[tuple[int, bytes]] = set()
         self.store_reads_saved = 0
         #: Point reads the store answered "no value" (a key it does not hold).
         self.absent_reads = 0
@@ -236,6 +243,8 @@ class TieredTable:
         if entry is not None:
             self.tier2_hits += 1
         elif self.store_has_nothing(key_group) or (
+                self.scanned_prefixes and eid[0] in self.prefix_states
+                and (eid[0], self._prefix(eid[1])) in self.scanned_prefixes) or (
                 self.key_filter is not None
                 and not self.key_filter.might_hold(key_group, eid[0], eid[1])):
             self.store_reads_saved += 1
@@ -399,9 +408,10 @@ class TieredTable:
 
     def preload_absent(self, state_id: int, key_group: int,
                        page: list[tuple[bytes, Any]]) -> int:
-        """Background prefetch (another thread): put the stored versions of `page`
-        ((ukey, StoredVersion) pairs) into tier 2 where no tier, dirty set or epoch in
-        flight knows the entry; returns the entries put. Needs tier 2."""
+        """Put the stored versions of `page` ((ukey, StoredVersion) pairs) into tier 2
+        where no tier, dirty set or epoch in flight knows the entry; returns the entries
+        put. Needs tier 2. Called by the background prefetch (another thread) and by
+        :meth:`scan_prefix` for the pages it reads."""
         if self.local is None:
             return 0
         put = 0
@@ -439,7 +449,8 @@ class TieredTable:
         ranges = self.visibility(key_group)
 
         def remote() -> Iterator[bytes]:
-            if self.store_has_nothing(key_group) or (
+            if self.store_has_nothing(key_group) or (state_id, prefix) in \
+                    self.scanned_prefixes or (
                     self.key_filter is not None
                     and not self.key_filter.might_hold_prefix(key_group, state_id, prefix)):
                 self.store_reads_saved += 1
@@ -449,12 +460,19 @@ class TieredTable:
                 self.store_reads += 1
                 page = self.store.scan_latest(state_id, key_group, prefix, after,
                                               SCAN_PAGE_ROWS, ranges)
+                # Into tier 2 before any of it is yielded: a caller that stops early
+                # leaves no entry of a page behind, only the prefix unmarked.
+                self.preload_absent(state_id, key_group, page)
                 for ukey, version in page:
                     remote_versions[ukey] = Entry(
                         None if version.tombstone else version.value, key_group,
                         version.expires_at_ms)
                     yield ukey
                 if len(page) < SCAN_PAGE_ROWS:
+                    if self.local is not None:
+                        if len(self.scanned_prefixes) >= SCANNED_PREFIXES_MAX:
+                            self.scanned_prefixes.clear()
+                        self.scanned_prefixes.add((state_id, prefix))
                     return
                 after = page[-1][0]
 
@@ -564,6 +582,7 @@ class TieredTable:
         self._dirty_in_local = 0
         self._frozen = []
         self.key_filter = None
+        self.scanned_prefixes = set()
         self.on_absent_reads = None
         if self.local is not None:
             self.local.clear()
