@@ -164,12 +164,15 @@ def answer_key_from_record(context: Any, backend: Any) -> bool:
 
     PyFlink's `InternalKeyedProcessFunctionContext.get_current_key()`
     (`fn_execution/datastream/embedded/process_function.py`) converts
-    `j_context.getCurrentKey()`, a call into the JVM per record (about 25 us on the
-    user-profile job of `make bench`, part 7, with the GIL held); the record carries the
-    same key, converted by the same key type information, since PyFlink keys a stream by
-    field 0 of the `(key, value)` rows its key selector made. An instance attribute
-    shadows the method on this context object only; the timer context keeps Java's answer.
-    Returns False (nothing changed) when the context takes no attributes.
+    `j_context.getCurrentKey()`, a call into the JVM per record (1.5 us of CPU but about
+    10 us of wall time at parallelism 2: java-bridge/README.md, "PEMJA across threads");
+    the record carries the same key, converted by the same key type information, since
+    PyFlink keys a stream by field 0 of the `(key, value)` rows its key selector made.
+    An instance attribute shadows the method on this context object only; the timer
+    context keeps Java's answer.
+
+    :returns: True when the context now answers from the record; False (nothing changed)
+        when it takes no attributes.
     """
     import functools
 

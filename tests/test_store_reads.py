@@ -124,7 +124,8 @@ def test_an_entry_read_from_tier_2_and_evicted_unchanged_is_not_written_again(
 
 
 def _counting_scans(monkeypatch, store) -> list[int]:
-    """Count the store's own prefix scans (its method wrapped, not the table's counter)."""
+    """Count the store's own prefix scans (its method wrapped, not the table's counter);
+    a point read of the store fails the test."""
     calls = [0]
     scan = store.scan_latest
 
@@ -132,7 +133,12 @@ def _counting_scans(monkeypatch, store) -> list[int]:
         calls[0] += 1
         return scan(*args, **kwargs)
 
+    def no_point_read(*args, **kwargs):
+        raise AssertionError("a point read reached the store")
+
     monkeypatch.setattr(store, "scan_latest", counted)
+    for name in ("read_latest", "read_latest_many", "read_latest_batch"):
+        monkeypatch.setattr(store, name, no_point_read)
     return calls
 
 
