@@ -83,3 +83,48 @@ def test_background_without_tier_2_is_eager(store_factory, local_dir):
     assert value.value() == 1
     assert second.backend.table.store_reads == 0, "prefetched at open"
     second.close()
+
+
+def test_records_are_served_before_the_prefetch_reads_its_first_page(
+        store_factory, local_dir, monkeypatch):
+    """The first records do not wait for the prefetch (issue 9, item 2): with the
+    prefetch's page reads held back, every record after the restore is answered (from
+    the store, on demand), the prefetch has not finished meanwhile, and once released it
+    finishes without overwriting what the records wrote."""
+    import threading
+
+    store = store_factory("sqlite")
+    options = NdbStateOptions(cache_max_entries=50, restore_mode="background")
+    first = LocalSubtask(store, options, local_dir=local_dir)
+    value, _ = states(first)
+    for i in range(500):
+        first.key(i)
+        value.update(i)
+    first.checkpoint(1)
+    first.crash()
+
+    gate = threading.Event()
+    scan = type(store).scan_latest
+
+    def held_back(self, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            assert gate.wait(60), "the test never released the prefetch"
+        return scan(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "scan_latest", held_back)
+    second = LocalSubtask(store, options, restored_checkpoint_id=1, local_dir=local_dir)
+    prefetch = second.backend.prefetch
+    assert prefetch is not None
+    value, _ = states(second)
+    for i in range(0, 500, 5):
+        second.key(i)
+        assert value.value() == i
+        value.update(-i)
+    assert not prefetch.finished and not prefetch.done
+    gate.set()
+    assert second.backend.protocol.writer.wait_idle(60)
+    assert prefetch.finished
+    for i in range(500):
+        second.key(i)
+        assert value.value() == (-i if i % 5 == 0 else i)
+    second.close()
