@@ -5,7 +5,8 @@ Figures (see README, "Benchmarks"):
 
 1. records/s of the flight-delays job (uniform keys: the tail numbers; Zipf keys: each
    flight re-keyed to one of 50,000 synthetic keys, s=1.1, fixed seed), from the job's
-   net runtime;
+   net runtime, RocksDB with full and with incremental checkpoints, and each run's
+   checkpoints (count, end-to-end, sync and async ms) from Flink's REST API;
 2. recovery: time from submitting a job that restores a stop-with-savepoint of N keys until
    its first record is processed (RocksDB vs pyflink-ndb on MariaDB, lazy restore);
 3. checkpoint pause (`--only snapshot` or `checkpoint-pause`): the synchronous pause
