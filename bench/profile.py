@@ -321,6 +321,7 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
     from bench.run import (
         _DURABLE,
         CHECKPOINT_MS,
+        checkpoint_durations,
         checkpoint_stats,
         drop_namespace,
         flink_extra,
@@ -422,15 +423,11 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
         "metrics": metrics, "restore_mode": restore_mode,
         "options": {k: v for k, v in {**options, **extra}.items() if "password" not in k},
     }
-    syncs = [s["sync_ms"] for c in checkpoints for s in c["subtasks"]]
-    ends = [c["end_to_end_ms"] for c in checkpoints]
-    if syncs:
-        out.update(sync_median_ms=statistics.median(syncs), sync_max_ms=max(syncs),
-                   async_median_ms=statistics.median(
-                       s["async_ms"] for c in checkpoints for s in c["subtasks"]),
+    durations = checkpoint_durations(checkpoints)
+    if durations:
+        out.update(durations,
                    start_delay_median_ms=statistics.median(
                        s["start_delay_ms"] or 0 for c in checkpoints for s in c["subtasks"]),
-                   e2e_median_ms=statistics.median(ends), e2e_max_ms=max(ends),
                    checkpointed_size_median=statistics.median(
                        c["checkpointed_size"] for c in checkpoints),
                    state_size_max=max(c["state_size"] for c in checkpoints))

@@ -59,7 +59,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -377,16 +376,10 @@ def keyed_timeline(since: float, until: float, attempt: int) -> dict[str, Any]:
     return out
 
 
-def _checkpoint_summary(checkpoints: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    syncs = [s["sync_ms"] for c in checkpoints for s in c["subtasks"]]
-    ends = [c["end_to_end_ms"] for c in checkpoints]
-    if not syncs:
-        return {"count": len(checkpoints)}
-    return {"count": len(checkpoints), "e2e_median_ms": statistics.median(ends),
-            "e2e_max_ms": max(ends), "sync_median_ms": statistics.median(syncs),
-            "sync_max_ms": max(syncs),
-            "async_median_ms": statistics.median(
-                s["async_ms"] for c in checkpoints for s in c["subtasks"])}
+def _checkpoint_summary(checkpoints: list[dict[str, Any]]) -> dict[str, Any]:
+    from bench.run import checkpoint_durations
+
+    return {"count": len(checkpoints), **checkpoint_durations(checkpoints)}
 
 
 def store_size(kind: str, url: str, namespace: str) -> int | None:

@@ -556,14 +556,22 @@ class CheckpointPoller:
         """Checkpoints completed and failed; medians of the end-to-end durations and of
         the keyed vertex's per-subtask sync and async durations (ms); None without any."""
         done = list(self.completed.values())
-        syncs = [s["sync_ms"] for c in done for s in c["subtasks"]]
-        asyncs = [s["async_ms"] for c in done for s in c["subtasks"]]
-        ends = [c["end_to_end_ms"] for c in done]
         return {"checkpoints": len(done), "failed_checkpoints": self.counts.get("failed", 0),
-                "e2e_median_ms": statistics.median(ends) if ends else None,
-                "sync_median_ms": statistics.median(syncs) if syncs else None,
-                "sync_max_ms": max(syncs) if syncs else None,
-                "async_median_ms": statistics.median(asyncs) if asyncs else None}
+                "e2e_median_ms": None, "sync_median_ms": None, "sync_max_ms": None,
+                "async_median_ms": None, **checkpoint_durations(done)}
+
+
+def checkpoint_durations(checkpoints: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians (and maxima) of completed checkpoints' durations, ms: end to end, and the
+    keyed vertex's per-subtask sync and async phases; empty without any checkpoint."""
+    syncs = [s["sync_ms"] for c in checkpoints for s in c["subtasks"]]
+    if not syncs:
+        return {}
+    ends = [c["end_to_end_ms"] for c in checkpoints]
+    return {"sync_median_ms": statistics.median(syncs), "sync_max_ms": max(syncs),
+            "async_median_ms": statistics.median(
+                s["async_ms"] for c in checkpoints for s in c["subtasks"]),
+            "e2e_median_ms": statistics.median(ends), "e2e_max_ms": max(ends)}
 
 
 def durable_lines(since: float, until: float) -> list[dict[str, Any]]:
@@ -710,13 +718,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
         "records_per_s": statistics.mean(steady) if steady else None,
         "min_second": min(steady) if steady else None,
         "max_second": max(steady) if steady else None, **stats}
-    syncs = [s["sync_ms"] for c in stats["checkpoints"] for s in c["subtasks"]]
-    ends = [c["end_to_end_ms"] for c in stats["checkpoints"]]
-    if syncs:
-        out.update(sync_median_ms=statistics.median(syncs), sync_max_ms=max(syncs),
-                   async_median_ms=statistics.median(
-                       s["async_ms"] for c in stats["checkpoints"] for s in c["subtasks"]),
-                   e2e_median_ms=statistics.median(ends), e2e_max_ms=max(ends))
+    out.update(checkpoint_durations(stats["checkpoints"]))
     if write_async is not None:
         events = [d for d in durable_lines(submitted, until) if d["t"] >= start]
         out["retries"] = [d for d in events if "retry" in d]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,33 @@ STORE_KINDS = [pytest.param("sqlite", id="sqlite"),
 def unique_namespace(prefix: str = "t") -> str:
     """A fresh table prefix (valid namespace: [a-z][a-z0-9_]{0,39})."""
     return f"{prefix}_{uuid.uuid4().hex[:16]}"
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on (for a server or REST port of a test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+#: The store's methods that read state rows: point reads, batches and prefix scans.
+STORE_READ_METHODS = ("read_latest", "read_latest_many", "read_latest_batch", "scan_latest")
+
+
+def count_store_reads(monkeypatch: pytest.MonkeyPatch, store: StateStore) -> Counter[str]:
+    """Calls of the store's own read methods (:data:`STORE_READ_METHODS`, wrapped on the
+    store object, not the tiered table's counters), by method name, from now on."""
+    calls: Counter[str] = Counter()
+    for name in STORE_READ_METHODS:
+        method = getattr(store, name)
+
+        def counted(*args: Any, _method: Any = method, _name: str = name,
+                    **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, counted)
+    return calls
 
 
 def mysql_connect(url: str) -> pymysql.connections.Connection:

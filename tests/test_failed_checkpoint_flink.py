@@ -23,7 +23,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
+from conftest import drop_namespace, free_port, unique_namespace
 from pyflink.common import Configuration, Types, WatermarkStrategy
 from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
 from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
@@ -52,14 +52,6 @@ DB_OPTIONS = {"state.backend.ndb.db.retry.deadline-ms": "800",
               "state.backend.ndb.db.socket-timeout-ms": "2000",
               "state.backend.ndb.on-fresh-start": "truncate"}
 OUTAGE_S = 3.0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def counts(port: int, job_id: str) -> dict[str, int]:
@@ -110,10 +102,10 @@ def wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> Any:
 
 
 def outage_during_job(tmp_path: Path, mysql_url: str, tolerable: int
-                      ) -> tuple[Any, str, int, dict[str, int], dict[str, int], str]:
+                      ) -> tuple[Any, str, int, dict[str, int], dict[str, int], TcpProxy]:
     """Run the job through a proxy, stop the proxy for :data:`OUTAGE_S` once a checkpoint
     completed; returns (job client, namespace, REST port, counts right after the outage,
-    the model, the proxy URL)."""
+    the model, the proxy, running again: the caller stops it when the job is over)."""
     model = write_sequence_input(tmp_path / "input.txt", keys=60, min_per_key=80,
                                  max_per_key=120, seed=7)  # about 6,000 records, 9+ s
     server = parse_mysql_url(mysql_url)
@@ -130,7 +122,7 @@ def outage_during_job(tmp_path: Path, mysql_url: str, tolerable: int
         after_outage = _counts_or_none(port, job_id, None) or {}
     finally:
         proxy.start()
-    return client, namespace, port, after_outage, model, url
+    return client, namespace, port, after_outage, model, proxy
 
 
 def _counts_or_none(port: int, job_id: str, key: str | None) -> dict[str, int] | None:
@@ -143,7 +135,7 @@ def _counts_or_none(port: int, job_id: str, key: str | None) -> dict[str, int] |
 
 def test_a_failed_background_write_fails_the_checkpoint_and_a_tolerated_one_loses_nothing(
         tmp_path, mysql_url):
-    client, namespace, port, after_outage, model, _ = outage_during_job(
+    client, namespace, port, after_outage, model, proxy = outage_during_job(
         tmp_path, mysql_url, tolerable=100)
     job_id = str(client.get_job_id())
     try:
@@ -161,12 +153,13 @@ def test_a_failed_background_write_fails_the_checkpoint_and_a_tolerated_one_lose
         assert verdict.exact, verdict
         assert verdict.records == sum(model.values())
     finally:
+        proxy.stop()
         drop_namespace(mysql_url, namespace)
 
 
 def test_a_failed_background_write_counts_against_the_tolerable_failures(
         tmp_path, mysql_url):
-    client, namespace, _, after_outage, _, _ = outage_during_job(
+    client, namespace, _, _, _, proxy = outage_during_job(
         tmp_path, mysql_url, tolerable=0)
     try:
         with pytest.raises(Exception) as failure:
@@ -174,4 +167,5 @@ def test_a_failed_background_write_counts_against_the_tolerable_failures(
         assert "Exceeded checkpoint tolerable failure threshold" in str(failure.value), \
             str(failure.value)[-3000:]
     finally:
+        proxy.stop()
         drop_namespace(mysql_url, namespace)

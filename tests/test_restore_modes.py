@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import count_store_reads
 from pyflink.common import Types
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
@@ -107,13 +108,9 @@ def test_truncate_starts_empty(store, tmp_path, monkeypatch):
     _fill(store, tmp_path, NdbStateOptions())
     fresh = LocalSubtask(store, NdbStateOptions(on_fresh_start="truncate"),
                          local_dir=str(tmp_path / "truncate"))
-    reads: list[str] = []  # the store's own read methods, counted (issue 9, item 1)
-    for name in ("read_latest", "read_latest_many", "read_latest_batch", "scan_latest"):
-        method = getattr(store, name)
-        monkeypatch.setattr(store, name, lambda *a, _m=method, _n=name, **k: (
-            reads.append(_n), _m(*a, **k))[1])
+    reads = count_store_reads(monkeypatch, store)  # issue 9, item 1
     assert _read_all(fresh) == {k: (None, {}) for k in range(50)}
-    assert reads == [], "after truncate no miss is a round trip"
+    assert not reads, f"after truncate no miss is a round trip: {reads}"
     monkeypatch.undo()
     assert store.read_operator("op").committed is None
     assert store.query_committed("op") == []

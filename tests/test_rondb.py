@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import pymysql
 import pytest
+from conftest import free_port
 
 from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError
 from pyflink_ndb.stores import grants
@@ -272,12 +272,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 "-CAcreateserial", "-days", "2", "-out", f"{leaf}.pem",
                 "-extfile", f"{leaf}.ext", cwd=d)
     return {p.name: p for p in d.iterdir()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,10 @@ group (fresh start, truncate) answers misses from tiers 1-2 alone."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+from conftest import count_store_reads
 from pyflink.common.typeinfo import Types
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
@@ -123,23 +126,8 @@ def test_an_entry_read_from_tier_2_and_evicted_unchanged_is_not_written_again(
     r.close()
 
 
-def _counting_scans(monkeypatch, store) -> list[int]:
-    """Count the store's own prefix scans (its method wrapped, not the table's counter);
-    a point read of the store fails the test."""
-    calls = [0]
-    scan = store.scan_latest
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return scan(*args, **kwargs)
-
-    def no_point_read(*args, **kwargs):
-        raise AssertionError("a point read reached the store")
-
-    monkeypatch.setattr(store, "scan_latest", counted)
-    for name in ("read_latest", "read_latest_many", "read_latest_batch"):
-        monkeypatch.setattr(store, name, no_point_read)
-    return calls
+def _point_reads(reads: Counter[str]) -> int:
+    return sum(n for name, n in reads.items() if name != "scan_latest")
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite", "mysql"])
@@ -167,23 +155,24 @@ def test_a_map_iterated_again_after_a_restore_is_answered_by_the_tiers(
 
     second = LocalSubtask(store, options, local_dir=local_dir, restored_checkpoint_id=1)
     m = second.context.get_map_state(descriptor)
-    scans = _counting_scans(monkeypatch, store)
+    reads = count_store_reads(monkeypatch, store)
     second.key("a")
     assert dict(m.items()) == {i: f"a{i}" for i in range(30)}
-    assert scans[0] == 5, "30 entries in pages of 7: 5 queries"
+    assert reads["scan_latest"] == 5, "30 entries in pages of 7: 5 queries"
     m.put(100, "new")
     m.remove(3)
     assert m.get(12345) is None  # absent: the finished scan rules it out
     expected = {i: f"a{i}" for i in range(30) if i != 3} | {100: "new"}
     assert dict(m.items()) == expected and sorted(m.keys()) == sorted(expected)
-    assert scans[0] == 5, "the second iteration and the absent entry read no store"
+    assert reads["scan_latest"] == 5, "the second iteration and the absent entry read no store"
+    assert _point_reads(reads) == 0, reads
 
     second.key("b")
     for _ in m.items():
         break  # stopped early: "b" is not marked
     assert dict(m.items()) == {i: f"b{i}" for i in range(30)}
-    assert scans[0] == 5 + 1 + 5
-    assert dict(m.items()) == {i: f"b{i}" for i in range(30)} and scans[0] == 11
+    assert reads["scan_latest"] == 5 + 1 + 5
+    assert dict(m.items()) == {i: f"b{i}" for i in range(30)} and reads["scan_latest"] == 11
     second.checkpoint(2)
     second.crash()
 
@@ -193,5 +182,6 @@ def test_a_map_iterated_again_after_a_restore_is_answered_by_the_tiers(
     third.key("a")
     for _ in range(2):
         assert dict(m.items()) == expected
-    assert scans[0] == 11 + 2 * 5, "without tier 2 nothing is remembered"
+    assert reads["scan_latest"] == 11 + 2 * 5, "without tier 2 nothing is remembered"
+    assert _point_reads(reads) == 0, reads
     third.close()
