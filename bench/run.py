@@ -409,6 +409,17 @@ PAUSE_VARIANTS = (("ndb-sqlite", True), ("ndb-sqlite", False), ("ndb-mariadb", T
 #: Key space of the checkpoint job (bench.functions.ModuloKey).
 PAUSE_JOB_KEYS = 100_000
 PAUSE_OPERATOR = "bench-cp"
+#: Part 3's sweep on Flink (issue 7: the sync pause at 1k, 10k and 100k dirty entries, and
+#: Flink RocksDB's sync duration on the same job): (dirty entries per subtask aimed at,
+#: checkpoint interval ms, seconds measured). The job has `dirty x parallelism` keys and
+#: updates them in turn, so a checkpoint finds every key of its subtask dirty once the
+#: interval (plus the previous checkpoint's own duration) covers that many records; the
+#: table reports the dirty entries pyflink-ndb logged.
+PAUSE_SWEEP = ((1_000, 1_000, 25), (10_000, 3_000, 30), (100_000, 20_000, 65))
+#: The backends of the sweep: RocksDB (incremental checkpoints) and pyflink-ndb on
+#: MariaDB with the asynchronous flush, each as configured by default otherwise.
+PAUSE_SWEEP_KINDS: tuple[tuple[str, bool | None], ...] = (("rocksdb", None),
+                                                         ("ndb-mariadb", True))
 #: Seconds at the start of a checkpoint job left out of its records/s (warm-up).
 PAUSE_WARMUP_S = 3
 _RETRY = re.compile(r"WARN .*pyflink_ndb/stores/retry\.py.* failed at ")
@@ -651,19 +662,23 @@ def variant_suffix(kind: str, write_async: bool | None, or_terms: int | None,
 
 def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url: str,
               parallelism: int, or_terms: int | None = None,
-              writer: str = "thread", cpu_pin: bool = False) -> dict[str, Any]:
-    """A job that updates a ValueState counter of keys `i % 100,000` of a sequence source
-    as fast as it can, for `duration_s` after its first record, with checkpoints every
-    second; then Flink's checkpoint statistics over REST, and the job is cancelled.
-    `or_terms`: the experiment of :class:`bench.functions.RateCounter`; `writer`: where
-    pyflink-ndb's writer works (a key of :data:`WRITER_MODES`); `cpu_pin`: the
-    TaskManager's Python threads on one CPU (pyflink-ndb: `python.cpu-pin: auto`; Flink's
-    backends: the same module called by the job's function). The interpreter stays pinned
-    for the later jobs of the same JVM: run pinned variants last."""
+              writer: str = "thread", cpu_pin: bool = False, keys: int = PAUSE_JOB_KEYS,
+              interval_ms: int = CHECKPOINT_MS) -> dict[str, Any]:
+    """A job that updates a ValueState counter of keys `i % keys` (default 100,000) of a
+    sequence source as fast as it can, for `duration_s` after its first record, with
+    checkpoints every `interval_ms` (default 1,000); then Flink's checkpoint statistics
+    over REST, and the job is cancelled. `or_terms`: the experiment of
+    :class:`bench.functions.RateCounter`; `writer`: where pyflink-ndb's writer works (a
+    key of :data:`WRITER_MODES`); `cpu_pin`: the TaskManager's Python threads on one CPU
+    (pyflink-ndb: `python.cpu-pin: auto`; Flink's backends: the same module called by the
+    job's function). The interpreter stays pinned for the later jobs of the same JVM: run
+    pinned variants last."""
 
     from bench.functions import ModuloKey, RateCounter
 
     key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer, cpu_pin)
+    if keys != PAUSE_JOB_KEYS:
+        key_suffix += f"/k{keys}"
     tag = (run_key(kind, write_async) + key_suffix).replace("/", "-")
     work = WORK / "checkpoint-job" / tag
     shutil.rmtree(work, ignore_errors=True)
@@ -684,9 +699,9 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     port = free_port()
     extra.update({"rest.port": str(port), "rest.bind-port": str(port),
                   "web.checkpoints.history": "1000"})
-    env = make_environment(parallelism, CHECKPOINT_MS, extra=extra)
+    env = make_environment(parallelism, interval_ms, extra=extra)
     client, job_id, submitted, first = start_sequence_job(
-        env, kind, ModuloKey(PAUSE_JOB_KEYS),
+        env, kind, ModuloKey(keys),
         RateCounter(str(rates), or_terms, cpu_pin and write_async is None),
         PAUSE_OPERATOR, options, f"bench-checkpoint-{tag}", rates, parallelism,
         "checkpoint job")
@@ -713,7 +728,7 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     stats["checkpoints"] = [c for c in stats["checkpoints"] if c["trigger_ms"] / 1000 >= start]
     out: dict[str, Any] = {
         "label": run_label(kind, write_async) + label_suffix,
-        "duration_s": until - first,
+        "keys": keys, "interval_ms": interval_ms, "duration_s": until - first,
         "start_s": start, "submit_to_first_s": first - submitted, "per_second": timeline,
         "records_per_s": statistics.mean(steady) if steady else None,
         "min_second": min(steady) if steady else None,
@@ -742,10 +757,13 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
 def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: int,
                    duration_s: float,
                    job_kinds: list[tuple[str, bool | None, int | None, str, bool]],
-                   warmup: bool) -> dict:
-    """Part 3: the checkpoint pause at the protocol level (LocalSubtask) and on Flink."""
+                   warmup: bool,
+                   sweep: tuple[tuple[int, int, float], ...] = PAUSE_SWEEP) -> dict:
+    """Part 3: the checkpoint pause at the protocol level (LocalSubtask), on Flink by
+    dirty entries per subtask (`sweep`, :data:`PAUSE_SWEEP`'s form), and on Flink for
+    each of `job_kinds`."""
     out: dict[str, Any] = {"protocol": {}, "job": {}, "job_keys": PAUSE_JOB_KEYS,
-                           "duration_s": duration_s}
+                           "duration_s": duration_s, "sweep": {}}
     for kind, write_async in PAUSE_VARIANTS:
         for n in sizes:
             r = pause_protocol(kind, write_async, n, rounds, mysql_url)
@@ -757,6 +775,18 @@ def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: i
     if warmup:
         log("checkpoint job: an untimed warm-up run")
         pause_job("hashmap", None, 5, mysql_url, parallelism)
+    for dirty, interval_ms, seconds in sweep:
+        for sweep_kind, sweep_async in PAUSE_SWEEP_KINDS:
+            keys = dirty * parallelism
+            log(f"checkpoint sweep: {run_label(sweep_kind, sweep_async)}, {keys:,} keys, "
+                f"checkpoints every {interval_ms / 1000:g} s, {seconds:.0f} s")
+            r = pause_job(sweep_kind, sweep_async, seconds, mysql_url, parallelism, keys=keys,
+                          interval_ms=interval_ms)
+            out["sweep"][f"{run_key(sweep_kind, sweep_async)}/{dirty}"] = r
+            log(f"  {len(r['checkpoints'])} checkpoints, Flink sync median "
+                f"{r.get('sync_median_ms', float('nan')):.0f} ms"
+                + (f"; dirty per subtask median {r['dirty_median']:,.0f}, freeze median "
+                   f"{r['py_sync_median_ms']:.2f} ms" if "py_sync_median_ms" in r else ""))
     for kind, write_async, or_terms, writer, cpu_pin in job_kinds:
         key_suffix, label_suffix = variant_suffix(kind, write_async, or_terms, writer, cpu_pin)
         log(f"checkpoint job: {run_label(kind, write_async)}{label_suffix}, "
@@ -1311,6 +1341,7 @@ def snapshot_markdown(snap: dict) -> list[str]:
                      else f"{r['complete_median_s'] * 1000:,.0f}"])
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    lines += sweep_markdown(snap.get("sweep") or {})
     job = snap.get("job") or {}
     if job:
         lines += ["### Job level (Flink MiniCluster)", "",
@@ -1350,6 +1381,38 @@ def snapshot_markdown(snap: dict) -> list[str]:
                 f"{len(r['retries']) if 'retries' in r else '–'} |")
         lines.append("")
     return lines
+
+
+def sweep_markdown(sweep: Mapping[str, Any]) -> list[str]:
+    """Section 3's sweep: Flink's sync duration of the keyed vertex per dirty-entry count
+    (:data:`PAUSE_SWEEP`), RocksDB and pyflink-ndb on the same job."""
+    if not sweep:
+        return []
+    lines = ["### Sync pause by dirty entries (Flink MiniCluster)", "",
+             "The job of the next table with `dirty x parallelism` keys updated in turn and "
+             "the checkpoint interval of each row, so that a checkpoint finds about that "
+             "many entries of its subtask dirty (pyflink-ndb's count from its `checkpoint N "
+             "durable` log lines). Flink's sync ms: the keyed vertex's synchronous phase "
+             "per subtask from the REST API (for pyflink-ndb it includes taking the "
+             "interpreter lock to call into Python); freeze ms: pyflink-ndb's own "
+             "synchronous phase as it logs it. Lower is better.", "",
+             "| dirty entries per subtask (aimed) | keys | interval s | backend | dirty "
+             "entries median (max) | checkpoints | Flink sync ms median / max | freeze ms "
+             "median / max | async ms median | end-to-end ms median | records/s |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key, r in sorted(sweep.items(), key=lambda kv: (int(kv[0].rsplit("/", 1)[1]),
+                                                          kv[0])):
+        def f(name: str, fmt: str = "{:,.0f}", r: Mapping[str, Any] = r) -> str:
+            return "–" if r.get(name) is None else fmt.format(r[name])
+        dirty = ("–" if "dirty_median" not in r
+                 else f"{r['dirty_median']:,.0f} ({r['dirty_max']:,})")
+        lines.append(
+            f"| {int(key.rsplit('/', 1)[1]):,} | {r['keys']:,} | {r['interval_ms'] / 1000:g} "
+            f"| {r['label']} | {dirty} | {len(r['checkpoints'])} | {f('sync_median_ms')} / "
+            f"{f('sync_max_ms')} | {f('py_sync_median_ms', '{:.2f}')} / "
+            f"{f('py_sync_max_ms', '{:.2f}')} | {f('async_median_ms')} | "
+            f"{f('e2e_median_ms')} | {f('records_per_s')} |")
+    return lines + [""]
 
 
 def steadiness(run: Mapping[str, Any]) -> dict[str, float | None]:
@@ -1884,7 +1947,8 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
                       ("ndb-mariadb", True, None, "render-process", True)]
         results["snapshot"] = bench_snapshot(
             [1_000, 10_000] if quick else [1_000, 10_000, 100_000], 2 if quick else 3,
-            mysql_url, parallelism, 10 if quick else 40, job_kinds, warmup=not quick)
+            mysql_url, parallelism, 10 if quick else 40, job_kinds, warmup=not quick,
+            sweep=((1_000, 1_000, 8),) if quick else PAUSE_SWEEP)
     part_done(order[2])
     if "sql" in parts:
         results["sql"] = bench_sql_reads(mysql_url, 1_000 if quick else 5_000,
