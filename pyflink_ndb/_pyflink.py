@@ -6,7 +6,12 @@ the installed apache-flink 1.20.
 
 from __future__ import annotations
 
+import copy
+import datetime
+import decimal
 from typing import Any
+
+from pyflink.common import Row
 
 
 def ttl_config_of(descriptor: Any) -> Any:
@@ -169,7 +174,10 @@ def answer_key_from_record(context: Any, backend: Any) -> bool:
     the record carries the same key, converted by the same key type information, since
     PyFlink keys a stream by field 0 of the `(key, value)` rows its key selector made.
     An instance attribute shadows the method on this context object only; the timer
-    context keeps Java's answer.
+    context keeps Java's answer. As PyFlink's own answer, each call returns an object of
+    its own: a key that can be changed in place (a `Row`, or a list or dict in a pickled
+    key) is copied (:func:`key_answer`), so a function that changes the key it got does
+    not change what the next call returns.
 
     :returns: True when the context now answers from the record; False (nothing changed)
         when it takes no attributes.
@@ -177,10 +185,44 @@ def answer_key_from_record(context: Any, backend: Any) -> bool:
     import functools
 
     try:
-        context.get_current_key = functools.partial(getattr, backend, "current_key")
+        context.get_current_key = functools.partial(key_answer, backend)
     except AttributeError:
         return False
     return True
+
+
+#: Key types whose objects cannot change: returned as they are by :func:`key_answer`.
+_IMMUTABLE_KEY_TYPES = frozenset({int, str, float, bool, bytes, type(None), datetime.date,
+                                  datetime.datetime, datetime.time, decimal.Decimal})
+
+
+def key_answer(backend: Any) -> Any:
+    """`backend.current_key` as `get_current_key()` returns it: an object of its own
+    (:func:`key_copy`)."""
+    return key_copy(backend.current_key)
+
+
+def key_copy(key: Any) -> Any:
+    """A key that shares nothing changeable with `key`: the object itself when nothing in
+    it can change (:data:`_IMMUTABLE_KEY_TYPES`, or a tuple of such); a `Row` field by
+    field (1.2 us for two fields here, where `copy.deepcopy` takes 8); anything else (a
+    list or dict of a pickled key) by `copy.deepcopy`."""
+    kind = type(key)
+    if kind in _IMMUTABLE_KEY_TYPES:
+        return key
+    if kind is tuple:
+        if all(type(k) in _IMMUTABLE_KEY_TYPES for k in key):
+            return key
+        return tuple(key_copy(k) for k in key)
+    if isinstance(key, Row):
+        row = object.__new__(kind)
+        fields = dict(key.__dict__)
+        fields["_values"] = [key_copy(v) for v in key._values]
+        if "_fields" in fields:
+            fields["_fields"] = list(fields["_fields"])
+        row.__dict__.update(fields)
+        return row
+    return copy.deepcopy(key)
 
 
 def install_operator_factories(one_input: Any, two_input: Any,
