@@ -1355,15 +1355,17 @@ def snapshot_markdown(snap: dict) -> list[str]:
                   "better); variation: stdev / mean of those seconds (lower is steadier); "
                   "write seconds: mean records of the seconds a background write covered "
                   "for at least half a second over the mean of the other seconds (1.00: no "
-                  "dip while writing); durations: lower is better. Dirty entries: per "
+                  "dip while writing); writer busy: the share of those seconds in which "
+                  "a subtask's background writer was writing an epoch (mean of the "
+                  "subtasks); durations: lower is better. Dirty entries: per "
                   "subtask and checkpoint, from pyflink-ndb's `checkpoint N durable` log "
                   "lines.", "",
                   "| run | records/s | worst / best second | variation | write seconds "
-                  "/ other seconds | checkpoints | sync ms median "
+                  "/ other seconds | writer busy | checkpoints | sync ms median "
                   "| sync ms max | async ms median | end-to-end ms median | end-to-end ms max "
                   "| dirty entries median (max) | background write ms median "
                   "| retried DB transactions |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in job.values():
             even = steadiness(r)
             def f(key: str, fmt: str = "{:,.0f}", r: dict = r) -> str:
@@ -1374,10 +1376,10 @@ def snapshot_markdown(snap: dict) -> list[str]:
                 f"| {r['label']} | {f('records_per_s')} | {f('min_second')} / "
                 f"{f('max_second')} | {f('cv', '{:.2f}', even)} | "
                 f"{f('write_seconds_ratio', '{:.2f}', even)} | "
-                f"{len(r['checkpoints'])} of {r['counts']['total']} "
-                f"({r['counts']['failed']} failed) | {f('sync_median_ms')} | "
-                f"{f('sync_max_ms')} | {f('async_median_ms')} | {f('e2e_median_ms')} | "
-                f"{f('e2e_max_ms')} | {dirty} | {f('write_median_ms')} | "
+                f"{f('writer_busy', '{:.0%}', even)} | {len(r['checkpoints'])} of "
+                f"{r['counts']['total']} ({r['counts']['failed']} failed) | "
+                f"{f('sync_median_ms')} | {f('sync_max_ms')} | {f('async_median_ms')} | "
+                f"{f('e2e_median_ms')} | {f('e2e_max_ms')} | {dirty} | {f('write_median_ms')} | "
                 f"{len(r['retries']) if 'retries' in r else '–'} |")
         lines.append("")
     return lines
@@ -1443,7 +1445,28 @@ def steadiness(run: Mapping[str, Any]) -> dict[str, float | None]:
         idle = [c for s, c in steady if busy.get(s, 0.0) < 0.5]
         if writing and idle:
             out["write_seconds_ratio"] = statistics.mean(writing) / statistics.mean(idle)
+        out["writer_busy"] = writer_busy_share(durable, run["start_s"],
+                                               steady[0][0], steady[-1][0] + 1)
     return out
+
+
+def writer_busy_share(durable: list[dict[str, Any]], start_s: float, begin_s: float,
+                      end_s: float) -> float | None:
+    """The share of the seconds `begin_s`..`end_s` (from the job's first record at
+    `start_s`) in which a subtask's background writer was writing an epoch (from the
+    `checkpoint N durable` lines: end time and write ms), averaged over the subtasks.
+    Near 1.0 the writer never waits for a checkpoint, so writing an epoch's entries
+    ahead of its checkpoint (issue 7's optional pre-flush) has no idle time to use.
+    None without lines."""
+    if not durable or end_s <= begin_s:
+        return None
+    busy: dict[int, float] = {}
+    for d in durable:
+        end = d["t"] - start_s
+        begin = end - d["write_ms"] / 1000
+        busy[d["subtask"]] = busy.get(d["subtask"], 0.0) + max(
+            0.0, min(end, end_s) - max(begin, begin_s))
+    return statistics.mean(busy.values()) / (end_s - begin_s)
 
 
 def summary_markdown(meta: dict, results: dict) -> str:
