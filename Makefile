@@ -76,7 +76,7 @@ cluster-demo: venv jar db
 	bash scripts/cluster.sh flink run -py jobs/flight_delays.py --url "$(CLUSTER_URL)" \
 		--namespace "$(CLUSTER_NAMESPACE)" $(CLUSTER_JOB_ARGS)
 
-# A benchmark, not a test: about 80 minutes (QUICK=1: a few minutes); see README, "Benchmarks".
+# A benchmark, not a test: about 85 minutes (QUICK=1: a few minutes); see README, "Benchmarks".
 bench: venv jar db
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS) --mysql-url "$(PYFLINK_NDB_TEST_MYSQL_URL)"

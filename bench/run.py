@@ -16,7 +16,9 @@ Figures (see README, "Benchmarks"):
    with incremental checkpoints, pyflink-ndb with and without the asynchronous flush):
    records per second over time, Flink's per-checkpoint sync / async / end-to-end
    durations from the MiniCluster's REST API, and pyflink-ndb's dirty entries per
-   checkpoint (checkpoint-pause.png);
+   checkpoint (checkpoint-pause.png); and the same job at about 1k, 10k and 100k dirty
+   entries per subtask (:data:`PAUSE_SWEEP`: Flink's sync duration, RocksDB against
+   pyflink-ndb on MariaDB);
 4. point reads of the committed state with plain SQL on MariaDB from a separate connection;
 5. restore time versus state-table rows: submit → first record after restoring a savepoint
    of pyflink-ndb on MariaDB whose state table was bulk-filled to 10k / 100k / 1M rows, half
