@@ -2,7 +2,7 @@
 a scan reads from the store go into tier 2 and a finished scan marks its prefix, after
 which the tiers answer that prefix without the store (pyflink_ndb/tiers/table.py,
 `scan_prefix`, `scanned_prefixes`). Pages of 2 rows, a tier 1 of 1 or 3 entries, at most
-3 scanned prefixes remembered (the set starts over all the time), three map states (one
+3 scanned prefixes remembered (the set starts over all the time), two map states (one
 with TTL and a moving clock), keys and map keys that are prefixes of each other, window
 namespaces, iterations stopped early or changing the map as they go, checkpoints taken
 and completed later, crashes and restores at parallelism 1 or 2 (rescale). Written by a
