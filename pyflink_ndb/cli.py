@@ -347,6 +347,19 @@ def _key_sample(store: StateStore, states: dict[str, list[StateInfo]], count: in
     return list(dict.fromkeys(texts))[:count]
 
 
+def _key_hint(key_type: str, sample: Sequence[str]) -> str:
+    """What to add to a "no such key" error: how to give a key that is not a string, and
+    how to give a ROW key when the state holds keys that print as JSON objects (PyFlink
+    names a ROW key's fields f0, f1, ...)."""
+    parts = []
+    if key_type == "str":
+        parts.append("a key that is not a string needs --key-type")
+    if any(text.startswith("{") for text in sample):
+        parts.append("a ROW key printed as {\"f0\":\"a\",\"f1\":1} is given as "
+                     "--key-type python \"Row(f0='a', f1=1)\"")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _compact(value: Any, width: int) -> str:
     text = json.dumps(to_jsonable(value), ensure_ascii=False, separators=(",", ":"))
     return text if width <= 0 or len(text) <= width else text[:max(width - 1, 1)] + "…"
@@ -562,12 +575,11 @@ def get(url: str, namespace: str, operator: str, state_name: str, key_type: str,
                 if attempt == _STALE_ATTEMPTS - 1:
                     raise
         if found is None:
-            hint = "" if key_type != "str" else " (a key that is not a string needs --key-type)"
+            sample = _key_sample(store, states)
             raise click.ClickException(
                 f"State {state_name!r} of operator {operator!r} has no committed key "
-                f"{wanted!r}{hint}; some of its keys: "
-                f"{', '.join(_key_sample(store, states)) or 'none'} "
-                "(pyflink-ndb scan lists them).")
+                f"{wanted!r}{_key_hint(key_type, sample)}; some of its keys: "
+                f"{', '.join(sample) or 'none'} (pyflink-ndb scan lists them).")
         doc = _entry_json(found)
         if fmt == "json":
             click.echo(json.dumps(doc, ensure_ascii=False))
@@ -609,11 +621,16 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
         key = None if key_text is None else parse_key(key_text, key_type)
 
         def matches(entry: StateEntry) -> bool:
+            """The key's text starts with `prefix`: a string key itself; any other key's
+            JSON as the table prints it (compact) or as `--format json` does (spaced)."""
             if prefix is None:
                 return True
-            text = entry.key if isinstance(entry.key, str) else json.dumps(
-                to_jsonable(entry.key), ensure_ascii=False)
-            return text.startswith(prefix)
+            if isinstance(entry.key, str):
+                return entry.key.startswith(prefix)
+            data = to_jsonable(entry.key)
+            return (json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+                    .startswith(prefix)
+                    or json.dumps(data, ensure_ascii=False).startswith(prefix))
 
         entries = _read_entries(store, states, key=key, key_given=key_text is not None,
                                 after=cursor, limit=None if prefix or not limit else limit)
@@ -654,11 +671,11 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
             flush(pages == 0)
         if printed == 0 and (key_text is not None or prefix is not None):
             what = f"key {key!r}" if key_text is not None else f"keys starting with {prefix!r}"
-            hint = ("" if key_text is None or key_type != "str"
-                    else " (a key that is not a string needs --key-type)")
+            sample = _key_sample(store, states)
+            hint = "" if key_text is None else _key_hint(key_type, sample)
             raise click.ClickException(
                 f"No committed entry with {what}{hint}; some keys: "
-                f"{', '.join(_key_sample(store, states)) or 'none'}.")
+                f"{', '.join(sample) or 'none'}.")
         click.echo(f"-- {printed} entries from {store.describe()}", err=True)
         if limit and printed >= limit and last is not None:
             click.echo(f"-- next page: --after {last.cursor.to_token()}", err=True)

@@ -417,3 +417,49 @@ def test_a_switched_operator_is_found_by_its_uid(tmp_path: Path):
     assert absent.output.split("keys:")[1].count('"a"') == 1
     absent = run("scan", *where, "--operator", "counter", "--key", "zz", ok=False)
     assert absent.output.split("keys:")[1].count('"a"') == 1, absent.output
+
+
+def test_row_keys_are_found_by_get_and_by_the_prefix_scan_prints(tmp_path: Path):
+    # A fresh user's findings with a `Types.ROW([STRING, INT])` key, whose Rows PyFlink
+    # names f0, f1: `scan --prefix` did not match the key as `scan` prints it (compact
+    # JSON), and `get` had no way to give a Row.
+    from pyflink.common import Row
+
+    url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+    options = NdbStateOptions(url=url, namespace="rows")
+    store = open_store(options)
+    t = LocalSubtask(store, options, operator="tracker", local_dir=str(tmp_path / "local"))
+    total = t.context.get_state(ValueStateDescriptor("total", Types.LONG()))
+    for key, n in ((Row(f0="x", f1=1), 21), (Row(f0="x", f1=2), 14), (Row(f0="y", f1=2), 16),
+                   (("x", 1), 5)):
+        t.key(key)
+        total.update(n)
+    t.checkpoint(1)
+    t.close()
+    store.close()
+    where = ["--url", url, "--namespace", "rows", "--operator", "tracker"]
+    got = json.loads(run("get", *where, "--state", "total", "--key-type", "python",
+                         "Row(f0='x', f1=1)").stdout)
+    assert got["key"] == {"f0": "x", "f1": 1} and got["value"] == 21
+    tuple_key = json.loads(run("get", *where, "--state", "total", "--key-type", "python",
+                               "('x', 1)").stdout)
+    assert tuple_key["key"] == ["x", 1] and tuple_key["value"] == 5
+    table = run("scan", *where).stdout
+    assert '{"f0":"x","f1":1}' in table
+    for prefix in ('{"f0":"x"', '{"f0": "x"', '{"f0":"x","f1":1}'):
+        out = run("scan", *where, "--format", "json", "--prefix", prefix).stdout
+        keys = sorted(json.dumps(json.loads(line)["key"]) for line in out.splitlines())
+        wanted = ['{"f0": "x", "f1": 1}'] if prefix.endswith("1}") else [
+            '{"f0": "x", "f1": 1}', '{"f0": "x", "f1": 2}']
+        assert keys == wanted, (prefix, out)
+    absent = run("get", *where, "--state", "total", "--key-type", "python",
+                 "Row(f0='z', f1=1)", ok=False)
+    assert "--key-type python \"Row(f0='a', f1=1)\"" in absent.output, absent.output
+    absent = run("get", *where, "--state", "total", "x", ok=False)
+    assert "needs --key-type" in absent.output and "Row(f0=" in absent.output
+    bad = run("get", *where, "--state", "total", "--key-type", "python", "Row(1, f1=2)",
+              ok=False)
+    assert "either positional or named fields" in bad.output
+    bad = run("get", *where, "--state", "total", "--key-type", "python", "open('x')",
+              ok=False)
+    assert "only Row(...) may be called" in bad.output

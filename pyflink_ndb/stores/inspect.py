@@ -194,7 +194,10 @@ def parse_key(text: str, key_type: str = "str") -> Any:
 
     :param text: the key as typed.
     :param key_type: `str` (default: the text itself), `int`, `float`, or `python` (a
-        Python literal, read with `ast.literal_eval`: tuples, bytes `b'..'`, None, ...).
+        Python literal, read with `ast.literal_eval`: tuples, bytes `b'..'`, None, ...;
+        and PyFlink `Row(...)` calls of literals, for ROW keys: `Row(f0='a', f1=1)` is the
+        key of `Types.ROW([Types.STRING(), Types.INT()])`, whose fields PyFlink names
+        f0, f1, ...; `Row('a', 1)` is a Row without names, another key).
     :raises ConfigurationError: the text is not a key of that type.
     """
     try:
@@ -205,10 +208,39 @@ def parse_key(text: str, key_type: str = "str") -> Any:
         if key_type == "float":
             return float(text)
         if key_type == "python":
-            return ast.literal_eval(text)
-    except (ValueError, SyntaxError) as err:
-        raise ConfigurationError(f"{text!r} is not a key of type {key_type}: {err}.") from err
+            return _python_key(ast.parse(text.strip(), mode="eval").body)
+    except (ValueError, SyntaxError, TypeError) as err:
+        raise ConfigurationError(
+            f"{text!r} is not a key of type {key_type}: {err}. A Python literal is expected "
+            "(e.g. ('a', 1), b'raw', None), or Row(...) of literals for a ROW key "
+            "(e.g. Row(f0='a', f1=1)).") from err
     raise ConfigurationError(f"Unknown key type {key_type!r}; one of {', '.join(KEY_TYPES)}.")
+
+
+def _python_key(node: ast.expr) -> Any:
+    """The key a parsed `--key-type python` expression stands for: literals as
+    `ast.literal_eval` reads them, with `Row(...)` calls of such (nested in tuples, lists
+    and other Rows too) made into PyFlink Rows. Nothing else is evaluated.
+
+    :raises ValueError: any other expression (a name, another call, an operator)."""
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id != "Row":
+            raise ValueError(f"only Row(...) may be called, not {ast.unparse(node.func)}")
+        if any(k.arg is None for k in node.keywords) or any(
+                isinstance(a, ast.Starred) for a in node.args):
+            raise ValueError("Row(...) takes plain fields, not *args or **kwargs")
+        if node.args and node.keywords:
+            raise ValueError("Row(...) takes either positional or named fields")
+        from pyflink.common import Row
+
+        if node.keywords:
+            return Row(**{str(k.arg): _python_key(k.value) for k in node.keywords})
+        return Row(*[_python_key(a) for a in node.args])
+    if isinstance(node, ast.Tuple):
+        return tuple(_python_key(e) for e in node.elts)
+    if isinstance(node, ast.List):
+        return [_python_key(e) for e in node.elts]
+    return ast.literal_eval(node)
 
 
 def to_jsonable(value: Any, depth: int = 0) -> Any:
