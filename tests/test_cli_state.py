@@ -463,3 +463,8 @@ def test_row_keys_are_found_by_get_and_by_the_prefix_scan_prints(tmp_path: Path)
     bad = run("get", *where, "--state", "total", "--key-type", "python", "open('x')",
               ok=False)
     assert "only Row(...) may be called" in bad.output
+    bad = run("get", *where, "--state", "total", "--key-type", "python", "Row(f0=x)",
+              ok=False)
+    assert "x is not a literal" in bad.output and "ast." not in bad.output
+    bad = run("get", *where, "--state", "total", "--key-type", "int", "x", ok=False)
+    assert "not a key of type int" in bad.output and "Row(" not in bad.output

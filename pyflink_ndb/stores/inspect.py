@@ -209,11 +209,12 @@ def parse_key(text: str, key_type: str = "str") -> Any:
             return float(text)
         if key_type == "python":
             return _python_key(ast.parse(text.strip(), mode="eval").body)
-    except (ValueError, SyntaxError, TypeError) as err:
+    except (ValueError, SyntaxError, TypeError, RecursionError) as err:
+        expected = (" A Python literal is expected (e.g. ('a', 1), b'raw', None), or "
+                    "Row(...) of literals for a ROW key (e.g. Row(f0='a', f1=1))."
+                    if key_type == "python" else "")
         raise ConfigurationError(
-            f"{text!r} is not a key of type {key_type}: {err}. A Python literal is expected "
-            "(e.g. ('a', 1), b'raw', None), or Row(...) of literals for a ROW key "
-            "(e.g. Row(f0='a', f1=1)).") from err
+            f"{text!r} is not a key of type {key_type}: {err}.{expected}") from err
     raise ConfigurationError(f"Unknown key type {key_type!r}; one of {', '.join(KEY_TYPES)}.")
 
 
@@ -240,7 +241,10 @@ def _python_key(node: ast.expr) -> Any:
         return tuple(_python_key(e) for e in node.elts)
     if isinstance(node, ast.List):
         return [_python_key(e) for e in node.elts]
-    return ast.literal_eval(node)
+    try:
+        return ast.literal_eval(node)
+    except ValueError:  # its own text names an AST node object: name the expression
+        raise ValueError(f"{ast.unparse(node)} is not a literal") from None
 
 
 def to_jsonable(value: Any, depth: int = 0) -> Any:
