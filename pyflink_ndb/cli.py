@@ -272,7 +272,8 @@ _format = click.option("--format", "fmt", type=click.Choice(["table", "json"]),
 _key_type = click.option("--key-type", type=click.Choice(KEY_TYPES), default="str",
                          show_default=True,
                          help="How to read KEY/--key: a string, an int, a float, or a Python "
-                              "literal (tuples, bytes b'..', None).")
+                              "literal (tuples, bytes b'..', None; a ROW key as "
+                              "Row(f0='a', f1=1)).")
 _STALE_ATTEMPTS = 3
 
 
