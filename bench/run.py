@@ -48,6 +48,7 @@ Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -1370,21 +1371,30 @@ def snapshot_markdown(snap: dict) -> list[str]:
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in job.values():
             even = steadiness(r)
-            def f(key: str, fmt: str = "{:,.0f}", r: dict = r) -> str:
-                return "–" if r.get(key) is None else fmt.format(r[key])
-            dirty = ("–" if "dirty_median" not in r
-                     else f"{r['dirty_median']:,.0f} ({r['dirty_max']:,})")
+            f = functools.partial(_cell, r)
+            dirty = _dirty_cell(r)
             lines.append(
                 f"| {r['label']} | {f('records_per_s')} | {f('min_second')} / "
-                f"{f('max_second')} | {f('cv', '{:.2f}', even)} | "
-                f"{f('write_seconds_ratio', '{:.2f}', even)} | "
-                f"{f('writer_busy', '{:.0%}', even)} | {len(r['checkpoints'])} of "
+                f"{f('max_second')} | {_cell(even, 'cv', '{:.2f}')} | "
+                f"{_cell(even, 'write_seconds_ratio', '{:.2f}')} | "
+                f"{_cell(even, 'writer_busy', '{:.0%}')} | {len(r['checkpoints'])} of "
                 f"{r['counts']['total']} ({r['counts']['failed']} failed) | "
                 f"{f('sync_median_ms')} | {f('sync_max_ms')} | {f('async_median_ms')} | "
                 f"{f('e2e_median_ms')} | {f('e2e_max_ms')} | {dirty} | {f('write_median_ms')} | "
                 f"{len(r['retries']) if 'retries' in r else '–'} |")
         lines.append("")
     return lines
+
+
+def _cell(run: Mapping[str, Any], name: str, fmt: str = "{:,.0f}") -> str:
+    """A table cell of part 3: `run[name]` formatted, "–" when missing or None."""
+    return "–" if run.get(name) is None else fmt.format(run[name])
+
+
+def _dirty_cell(run: Mapping[str, Any]) -> str:
+    """Part 3's dirty entries per subtask and checkpoint: "median (max)", or "–"."""
+    return ("–" if "dirty_median" not in run
+            else f"{run['dirty_median']:,.0f} ({run['dirty_max']:,})")
 
 
 def sweep_markdown(sweep: Mapping[str, Any]) -> list[str]:
@@ -1406,14 +1416,11 @@ def sweep_markdown(sweep: Mapping[str, Any]) -> list[str]:
              "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, r in sorted(sweep.items(), key=lambda kv: (int(kv[0].rsplit("/", 1)[1]),
                                                           kv[0])):
-        def f(name: str, fmt: str = "{:,.0f}", r: Mapping[str, Any] = r) -> str:
-            return "–" if r.get(name) is None else fmt.format(r[name])
-        dirty = ("–" if "dirty_median" not in r
-                 else f"{r['dirty_median']:,.0f} ({r['dirty_max']:,})")
+        f = functools.partial(_cell, r)
         lines.append(
             f"| {int(key.rsplit('/', 1)[1]):,} | {r['keys']:,} | {r['interval_ms'] / 1000:g} "
-            f"| {r['label']} | {dirty} | {len(r['checkpoints'])} | {f('sync_median_ms')} / "
-            f"{f('sync_max_ms')} | {f('py_sync_median_ms', '{:.2f}')} / "
+            f"| {r['label']} | {_dirty_cell(r)} | {len(r['checkpoints'])} | "
+            f"{f('sync_median_ms')} / {f('sync_max_ms')} | {f('py_sync_median_ms', '{:.2f}')} / "
             f"{f('py_sync_max_ms', '{:.2f}')} | {f('async_median_ms')} | "
             f"{f('e2e_median_ms')} | {f('records_per_s')} |")
     return lines + [""]

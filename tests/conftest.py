@@ -54,6 +54,26 @@ def free_port() -> int:
 STORE_READ_METHODS = ("read_latest", "read_latest_many", "read_latest_batch", "scan_latest")
 
 
+def thread_mode_env(parallelism: int, settings: dict[str, str] | None = None) -> Any:
+    """A local (MiniCluster) `StreamExecutionEnvironment` as pyflink-ndb's Flink tests run
+    it: PyFlink's thread mode on this interpreter, no restarts (a failure fails the test),
+    `parallelism`, and `settings` (Flink keys and values) on top."""
+    import sys
+
+    from pyflink.common import Configuration
+    from pyflink.datastream import StreamExecutionEnvironment
+
+    config = Configuration()
+    config.set_string("python.execution-mode", "thread")
+    config.set_string("python.executable", sys.executable)
+    config.set_string("restart-strategy.type", "none")
+    for key, value in (settings or {}).items():
+        config.set_string(key, value)
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    env.set_parallelism(parallelism)
+    return env
+
+
 def count_store_reads(monkeypatch: pytest.MonkeyPatch, store: StateStore) -> Counter[str]:
     """Calls of the store's own read methods (:data:`STORE_READ_METHODS`, wrapped on the
     store object, not the tiered table's counters), by method name, from now on."""

@@ -21,12 +21,11 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration, Types
+from conftest import drop_namespace, thread_mode_env, unique_namespace
+from pyflink.common import Types
 from pyflink.datastream import (
     CheckpointingMode,
     KeyedProcessFunction,
-    StreamExecutionEnvironment,
 )
 from pyflink.datastream.functions import KeySelector
 from pyflink.datastream.state import ValueStateDescriptor
@@ -259,12 +258,7 @@ def test_a_pinned_job_runs_every_python_thread_on_one_cpu(tmp_path, mysql_url) -
     namespace = unique_namespace("pin")
     report = tmp_path / "threads.jsonl"
     cpu = ALLOWED[-1]
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(2)
+    env = thread_mode_env(2)
     env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
     numbers = env.from_collection(list(range(KEYS * PER_KEY)), type_info=Types.LONG())
     keyed = numbers.key_by(ReportingKey(str(report)), key_type=Types.LONG())

@@ -20,14 +20,13 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import unique_namespace
-from pyflink.common import Configuration, Row, Types, WatermarkStrategy
+from conftest import thread_mode_env, unique_namespace
+from pyflink.common import Row, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
 from pyflink.datastream import (
     KeyedBroadcastProcessFunction,
     KeyedCoProcessFunction,
     KeyedProcessFunction,
-    StreamExecutionEnvironment,
 )
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
@@ -61,12 +60,7 @@ def test_a_function_that_changes_the_key_it_got_gets_the_record_key_again(tmp_pa
     """Every record: the context answers from the record, its second `get_current_key()`
     equals Java's answer, not the Row the function changed; and the changed Rows came out
     as the function made them."""
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(1)
+    env = thread_mode_env(1)
     stream = env.from_collection([(f"k{i % 3}", i % 2) for i in range(12)], type_info=REC)
     keyed = stream.key_by(lambda r: Row(r[0], r[1]), key_type=KEY_TYPE)
     options = {"state.backend.ndb.url": f"sqlite:///{tmp_path / 's.sqlite'}",
@@ -165,18 +159,11 @@ class Bc(KeyedBroadcastProcessFunction):
 def test_record_contexts_of_two_input_functions_answer_as_java_does(tmp_path):
     """Every answer equals Java's, the record contexts answer from the record, and every
     kind of call (both inputs, timers, the broadcast side) happened."""
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    config.set_string("pipeline.object-reuse", "true")
-    config.set_string("state.backend.ndb.enabled", "true")
-    url = f"sqlite:///{tmp_path / 'state.sqlite'}"
-    config.set_string("state.backend.ndb.url", url)
-    config.set_string("state.backend.ndb.namespace", unique_namespace("ck2"))
-    config.set_string("state.backend.ndb.on-fresh-start", "truncate")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(2)
+    env = thread_mode_env(2, {
+        "pipeline.object-reuse": "true", "state.backend.ndb.enabled": "true",
+        "state.backend.ndb.url": f"sqlite:///{tmp_path / 'state.sqlite'}",
+        "state.backend.ndb.namespace": unique_namespace("ck2"),
+        "state.backend.ndb.on-fresh-start": "truncate"})
     wm = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(Ts())
     s1 = env.from_collection([(f"a{i % 37}", i % 5, i) for i in range(N)], type_info=REC3) \
         .assign_timestamps_and_watermarks(wm)

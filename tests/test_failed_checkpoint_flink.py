@@ -23,9 +23,9 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, free_port, unique_namespace
-from pyflink.common import Configuration, Types, WatermarkStrategy
-from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
+from conftest import drop_namespace, free_port, thread_mode_env, unique_namespace
+from pyflink.common import Types, WatermarkStrategy
+from pyflink.datastream import CheckpointingMode
 from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
 from tcp_proxy import TcpProxy
 
@@ -63,15 +63,9 @@ def counts(port: int, job_id: str) -> dict[str, int]:
 
 def start_job(input_path: Path, url: str, namespace: str, tolerable: int,
               port: int) -> Any:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("rest.port", str(port))
-    config.set_string("rest.bind-port", str(port))
-    config.set_string("execution.checkpointing.tolerable-failed-checkpoints", str(tolerable))
-    config.set_string("restart-strategy.type", "none")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(2)
+    env = thread_mode_env(2, {
+        "rest.port": str(port), "rest.bind-port": str(port),
+        "execution.checkpointing.tolerable-failed-checkpoints": str(tolerable)})
     env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
     source = FileSource.for_record_stream_format(
         StreamFormat.text_line_format(), str(input_path)).build()

@@ -17,9 +17,9 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import unique_namespace
-from pyflink.common import Configuration, Row, Types
-from pyflink.datastream import CheckpointingMode, KeyedProcessFunction, StreamExecutionEnvironment
+from conftest import thread_mode_env, unique_namespace
+from pyflink.common import Row, Types
+from pyflink.datastream import CheckpointingMode, KeyedProcessFunction
 from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
@@ -79,13 +79,7 @@ KEYINGS = {
 
 def run(keying: str, options: dict[str, str], report: Path, reuse: bool = False) -> list[Any]:
     selector, key_type = KEYINGS[keying]
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    config.set_string("pipeline.object-reuse", str(reuse).lower())
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(2)
+    env = thread_mode_env(2, {"pipeline.object-reuse": str(reuse).lower()})
     env.enable_checkpointing(500, CheckpointingMode.EXACTLY_ONCE)
     stream = env.from_collection(records(), type_info=ROW)
     keyed = stream.key_by(selector, key_type=key_type) if key_type is not None \
