@@ -77,14 +77,19 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "slice. `false`: the writer renders on its own thread, under the lock. A "
                "child that fails is replaced (3 times at most); meanwhile the writer "
                "renders itself."),
-    OptionSpec("write.process", "write_process", False,
+    OptionSpec("write.process", "write_process", "auto",
                "MySQL-protocol stores with `write.async` (ignored otherwise): render and "
                "write each checkpoint's rows from a Python process of its own per subtask "
                "(the render process of `write.render-process`, which then also executes "
                "the statements, fenced, on a connection of its own), so that the "
                "TaskManager's interpreter only collects the frozen rows and writes the "
-               "snapshot row. A child that fails is replaced (3 times at most); meanwhile "
-               "the writer renders and writes itself. Implies `write.render-process`."),
+               "snapshot row; records do not slow down while a checkpoint is written. "
+               "`auto`: on where the TaskManager may use at least 2 CPUs (its affinity "
+               "mask and its cgroup's CPU quota), off on 1; `true`: on; `false`: the "
+               "background thread renders and writes. Costs a process of 25-40 MiB and a "
+               "third database connection per subtask. A child that fails is replaced (3 "
+               "times at most); meanwhile the writer renders and writes itself. On implies "
+               "`write.render-process`."),
     OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,
                "Bound (bytes, estimated: values + keys + 120 per entry) of the frozen "
                "checkpoints not yet written; a checkpoint that would exceed it waits in "
@@ -188,7 +193,7 @@ class NdbStateOptions:
     write_batch_rows: int = 500
     write_async: bool = True
     write_render_process: bool = False
-    write_process: bool = False
+    write_process: str = "auto"
     write_max_pending_bytes: int = 256 * 1024 * 1024
     python_gc_freeze: bool = True
     python_cpu_pin: str = "off"
@@ -213,6 +218,9 @@ class NdbStateOptions:
             raise ConfigurationError(
                 f"{PREFIX}url must start with mysql:// or sqlite:// "
                 f"(got {redact_url(self.url)!r}).")
+        object.__setattr__(self, "write_process", _tri_state(self.write_process))
+        self._require(self.write_process in ("auto", "true", "false"), "write.process",
+                      "`auto`, `true` or `false`")
         for spec in OPTIONS:
             if isinstance(spec.default, bool):
                 self._require(isinstance(getattr(self, spec.field), bool), spec.key,
@@ -240,6 +248,11 @@ class NdbStateOptions:
         self._require(self.db_retry_max_backoff_ms >= 0, "db.retry.max-backoff-ms",
                       "at least 0")
         self._require(self.db_retry_deadline_ms >= 1, "db.retry.deadline-ms", "at least 1")
+
+    def write_process_wanted(self, cpus: float) -> bool:
+        """Whether `write.process` asks for the write process on a TaskManager that may use
+        `cpus` CPUs (:func:`pyflink_ndb.cpu_pin.usable_cpus`): `auto` at 2 or more."""
+        return self.write_process == "true" or (self.write_process == "auto" and cpus >= 2)
 
     def _require(self, ok: bool, key: str, what: str) -> None:
         """Raise when `ok` is false: the message names the key, the value given, what it
@@ -286,6 +299,16 @@ class NdbStateOptions:
 
     def replace(self, **changes: Any) -> NdbStateOptions:
         return dataclasses.replace(self, **changes)
+
+
+def _tri_state(value: Any) -> Any:
+    """`auto`, `true` or `false` from a bool or any-case text (yes/no, 1/0 as for booleans);
+    anything else as it is, for the option's check to name."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value).strip().lower()
+    return {"yes": "true", "1": "true", "no": "false", "0": "false"}.get(text, text) \
+        if text in ("auto", "true", "false", "yes", "no", "1", "0") else value
 
 
 def _convert(spec: OptionSpec, raw: Any) -> Any:

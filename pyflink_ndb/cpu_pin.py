@@ -59,6 +59,41 @@ _on_purpose: set[int] = set()
 MAX_CPU_DIGITS = 5
 
 
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> float:
+    """CPUs this process may use: the CPUs of its affinity mask, lowered to its cgroup's
+    CPU quota where one is set (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` /
+    `cpu.cfs_period_us`: a container given "2 CPUs" by quota sees every host CPU in its
+    mask). `state.backend.ndb.write.process: auto` asks it.
+
+    :param cgroup_root: where the cgroup file system is mounted (tests point it elsewhere).
+    :returns: a count of CPUs, fractional under a fractional quota; at least a small
+        positive number; the affinity count where no quota can be read.
+    """
+    try:
+        cpus = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        cpus = float(os.cpu_count() or 1)
+    quota = _cgroup_quota(cgroup_root)
+    return min(cpus, quota) if quota is not None else cpus
+
+
+def _cgroup_quota(root: str) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs, or None (no quota, or unreadable)."""
+    try:
+        text = open(os.path.join(root, "cpu.max")).read().split()  # noqa: SIM115
+        if len(text) == 2 and text[0] != "max":
+            return max(int(text[0]) / int(text[1]), 0.01)
+        return None
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        quota = int(open(os.path.join(root, "cpu", "cpu.cfs_quota_us")).read())  # noqa: SIM115
+        period = int(open(os.path.join(root, "cpu", "cpu.cfs_period_us")).read())  # noqa: SIM115
+    except (OSError, ValueError):
+        return None
+    return max(quota / period, 0.01) if quota > 0 and period > 0 else None
+
+
 def parse_setting(setting: str) -> str | int | None:
     """`state.backend.ndb.python.cpu-pin` read: `"off"`, `"auto"` (any case) or a CPU
     number (ASCII digits, at most :data:`MAX_CPU_DIGITS`); None when it is none of these

@@ -63,6 +63,10 @@ def test_other_keys_are_ignored_and_later_sources_win() -> None:
     ("checkpoints.retained", "3", 3),
     ("value.max-bytes", "1048576", 1_048_576),
     ("local.dir", "/tmp/x", "/tmp/x"),
+    ("write.process", "AUTO", "auto"),
+    ("write.process", "True", "true"),
+    ("write.process", "no", "false"),
+    ("write.process", False, "false"),
 ])
 def test_values_are_converted(key: str, raw: object, expected: object) -> None:
     options = from_flink_keys({P + key: raw})
@@ -89,6 +93,7 @@ def test_values_are_converted(key: str, raw: object, expected: object) -> None:
     ("namespace", "x" * 41, "namespace"),
     ("namespace", "1abc", "namespace"),
     ("url", "postgres://h/db", "mysql://"),
+    ("write.process", "sometimes", "`auto`, `true` or `false` (default: auto)"),
 ])
 def test_bad_values_are_configuration_errors(key: str, raw: str, needle: str) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -110,6 +115,19 @@ def test_a_value_of_none_means_not_set() -> None:
     # An earlier source's value stays when a later one has None.
     assert from_flink_keys({P + "restore.key-filter": "false"},
                            {P + "restore.key-filter": None}).restore_key_filter is False
+
+
+@pytest.mark.parametrize(("setting", "cpus", "wanted"), [
+    ("auto", 1.0, False), ("auto", 1.5, False), ("auto", 2.0, True), ("auto", 8.0, True),
+    ("true", 1.0, True), ("false", 8.0, False),
+])
+def test_write_process_auto_asks_for_two_cpus(setting: str, cpus: float,
+                                              wanted: bool) -> None:
+    """`write.process` defaults to `auto`: on where the TaskManager may use 2 CPUs."""
+    assert NdbStateOptions().write_process == "auto"
+    assert NdbStateOptions(write_process=setting).write_process_wanted(cpus) is wanted
+    # A bool given in code reads as its text.
+    assert NdbStateOptions(write_process=True).write_process == "true"  # type: ignore[arg-type]
 
 
 def test_constructor_refuses_a_non_boolean_for_a_boolean_option() -> None:

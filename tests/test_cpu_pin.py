@@ -32,6 +32,7 @@ from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
 from pyflink_ndb.config import NdbStateOptions, from_flink_keys
+from pyflink_ndb import cpu_pin
 from pyflink_ndb.cpu_pin import cpu_of_setting
 from pyflink_ndb.errors import ConfigurationError
 
@@ -302,3 +303,23 @@ def test_a_pinned_job_runs_every_python_thread_on_one_cpu(tmp_path, mysql_url) -
     asynchronous = [cpus for name, cpus in threads if name.startswith("AsyncOperations")]
     assert sum(cpus == ALLOWED for cpus in asynchronous) >= 1, threads
     assert sum(cpus == [cpu] for cpus in asynchronous) <= 2, threads  # one per subtask
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({}, None),  # no cgroup files: the affinity mask alone
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu.max": "50000 100000\n"}, 0.5),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.0),
+])
+def test_usable_cpus_is_the_affinity_mask_lowered_to_the_cgroup_quota(
+        tmp_path: Path, files: dict[str, str], expected: float | None) -> None:
+    """`write.process: auto` counts the CPUs a TaskManager may use: a container given a
+    CPU quota sees every host CPU in its affinity mask."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    mask = float(len(os.sched_getaffinity(0)))
+    wanted = mask if expected is None else min(mask, expected)
+    assert cpu_pin.usable_cpus(str(tmp_path)) == wanted

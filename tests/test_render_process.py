@@ -301,6 +301,9 @@ def test_slices_end_at_a_byte_bound_too() -> None:
 # -- a subtask with the option ------------------------------------------------------------
 
 def _options(url: str, namespace: str, **extra) -> NdbStateOptions:
+    """Options of these tests: the child only where a test asks for it (`write.process`
+    is `false` unless given; its default, `auto`, would start one on 2 CPUs)."""
+    extra.setdefault("write_process", False)
     return NdbStateOptions(url=url, namespace=namespace, cache_max_entries=50,
                            on_fresh_start="truncate", **extra)
 

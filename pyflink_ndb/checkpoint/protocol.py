@@ -31,6 +31,7 @@ from itertools import chain
 from pyflink_ndb.checkpoint.gc import Deletion, EntryRef, VersionLedger
 from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job, Outcome, Preempted, WriteCancelled
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.cpu_pin import usable_cpus
 from pyflink_ndb.errors import (
     CheckpointError,
     FencedError,
@@ -215,6 +216,8 @@ class CheckpointProtocol:
         self.render_process: RenderProcess | None = None
         #: The option that asks for it was logged as not applying here.
         self._process_refused = False
+        #: `write.process` resolved on this TaskManager (`auto`: by its usable CPUs).
+        self.write_process = options.write_process_wanted(usable_cpus())
         self.branch = 0
         self.lineage: Lineage | None = None
         self.fence: Fence | None = None
@@ -444,7 +447,7 @@ class CheckpointProtocol:
         version = version_of(self.branch, checkpoint_id)
         started = time.perf_counter()
         between = None if self.writer.inline else self.writer.check_cancelled
-        process = self._render_process() if self.options.write_process else None
+        process = self._render_process() if self.write_process else None
         if process is not None:  # rendered and written by the write process
             rows, slices = self.table.render(frozen, None, between), None
         else:
@@ -517,21 +520,26 @@ class CheckpointProtocol:
         """The render process, created at the first epoch that may use it; None without
         the option, on a store that renders no literals, inline or after it gave up."""
         if self.render_process is None:
-            wanted = self.options.write_render_process or self.options.write_process
+            wanted = self.options.write_render_process or self.write_process
             if not (wanted and self.wstore.renders_literals and not self.writer.inline):
-                if wanted and not self._process_refused:
+                # `write.process: auto` where it does not apply says nothing: it is the
+                # default; an option set to true does.
+                explicit = self.options.write_render_process or \
+                    self.options.write_process == "true"
+                if explicit and not self._process_refused:
                     self._process_refused = True
                     log.warning(
                         "pyflink-ndb %s/%d: state.backend.ndb.write.%s is ignored: it "
                         "applies to MySQL-protocol stores with write.async: true (this "
                         "subtask writes %s)", self.scope.operator, self.scope.subtask_index,
-                        "process" if self.options.write_process else "render-process",
+                        "process" if self.options.write_process == "true"
+                        else "render-process",
                         "in the synchronous phase" if self.writer.inline
                         else f"to {self.wstore.describe()}")
                 return None
             self.render_process = RenderProcess(
                 f"{self.scope.operator}/{self.scope.subtask_index}",
-                kind="write" if self.options.write_process else "render")
+                kind="write" if self.write_process else "render")
         return self.render_process if self.render_process.usable else None
 
     def settle(self, raise_fenced: bool = True) -> None:
@@ -823,7 +831,7 @@ class CheckpointProtocol:
         removed = 0
         batch: list[Deletion] = []
         refs: list[tuple[EntryRef, Sequence[int]]] = []
-        process = self._render_process() if self.options.write_process else None
+        process = self._render_process() if self.write_process else None
         for n, (ref, drop) in enumerate(dropped, 1):
             batch.extend(_deletion((ref[0], ref[1], ref[2], v)) for v in drop)
             refs.append((ref, drop))
