@@ -644,8 +644,11 @@ WRITER_MODES: dict[str, dict[str, str]] = {
                 "state.backend.ndb.write.process": "true"},
 }
 _WRITER_KEYS = {"thread": "", "render-process": "/render", "process": "/process"}
-_WRITER_LABELS = {"thread": "background thread", "render-process": "write.render-process",
-                  "process": "write.process"}
+_WRITER_LABELS = {"thread": "background thread (`write.process: false`)",
+                  "render-process": "write.render-process",
+                  "process": "write.process (the default with 2 CPUs or more)"}
+#: The writer of the sweep's pyflink-ndb runs: what `write.process: auto` picks on 2 CPUs.
+SWEEP_WRITER = "process"
 
 
 def variant_suffix(kind: str, write_async: bool | None, or_terms: int | None,
@@ -783,8 +786,10 @@ def bench_snapshot(sizes: list[int], rounds: int, mysql_url: str, parallelism: i
             keys = dirty * parallelism
             log(f"checkpoint sweep: {run_label(sweep_kind, sweep_async)}, {keys:,} keys, "
                 f"checkpoints every {interval_ms / 1000:g} s, {seconds:.0f} s")
+            # pyflink-ndb as configured by default on this machine (`write.process: auto`,
+            # on with 2 CPUs or more): the child writes.
             r = pause_job(sweep_kind, sweep_async, seconds, mysql_url, parallelism, keys=keys,
-                          interval_ms=interval_ms)
+                          interval_ms=interval_ms, writer=SWEEP_WRITER)
             out["sweep"][f"{run_key(sweep_kind, sweep_async)}/{dirty}"] = r
             log(f"  {len(r['checkpoints'])} checkpoints, Flink sync median "
                 f"{r.get('sync_median_ms', float('nan')):.0f} ms"
