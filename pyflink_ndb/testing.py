@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +151,10 @@ class LocalSubtask:
                                            listener=listener)
         oracle.backend = self.backend
         self.context = TieredRuntimeContext(_NoRuntimeContext(), self.backend)
+        #: The folder given for tier 2 (None: the default).
+        self.local_dir = local_dir
+        self._stopped = False
+        _open_subtasks.add(self)
 
     def key(self, key: Any) -> LocalSubtask:
         """Make `key` the current key (as Flink does before each record)."""
@@ -214,10 +219,46 @@ class LocalSubtask:
         self._stop(drain=True)
 
     def _stop(self, drain: bool) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        _open_subtasks.discard(self)
         self.backend.protocol.close(drain)
         self.backend.table.close()
         if self.backend.write_store is not None:
             self.backend.write_store.close()
+
+
+#: The LocalSubtasks neither closed nor crashed yet (a running background writer keeps an
+#: abandoned one alive).
+_open_subtasks: weakref.WeakSet[LocalSubtask] = weakref.WeakSet()
+
+
+def open_subtasks() -> set[LocalSubtask]:
+    """The LocalSubtasks of this process that were neither closed nor crashed."""
+    return set(_open_subtasks)
+
+
+def crash_open_subtasks(under: str | None = None,
+                        keep: set[LocalSubtask] | None = None) -> int:
+    """Crash (:meth:`LocalSubtask.crash`) every LocalSubtask of this process that was
+    neither closed nor crashed; for a test's teardown, before it deletes the subtasks'
+    local folders. An abandoned subtask keeps its background writer thread and its tier-2
+    RocksDB open; a RocksDB whose folder is deleted under it and that is dropped later
+    (a garbage collection, anywhere in the process) flushes its memtable into the missing
+    folder at close and can wait there for ever, holding the interpreter lock.
+
+    :param under: only those whose `local_dir` is this folder or inside it (None: all).
+    :param keep: subtasks to leave open (e.g. those :func:`open_subtasks` listed before
+        the test began).
+    :returns: how many were crashed.
+    """
+    left = [t for t in list(_open_subtasks) if t not in (keep or set()) and (
+        under is None or (t.local_dir is not None
+                          and Path(t.local_dir).resolve().is_relative_to(Path(under).resolve())))]
+    for subtask in left:
+        subtask.crash()
+    return len(left)
 
 
 class InjectedFailure(RuntimeError):

@@ -23,6 +23,7 @@ import pytest
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.stores import StateStore, open_store
 from pyflink_ndb.stores.mysql import parse_mysql_url
+from pyflink_ndb.testing import crash_open_subtasks, open_subtasks
 
 DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
 
@@ -185,7 +186,17 @@ def local_dir() -> Iterator[str]:
     """Folder for the subtasks' RocksDB tier (removed afterwards)."""
     path = fast_tmpdir("pyflink-ndb-local-")
     yield path
+    crash_open_subtasks(under=path)  # a subtask left open must not outlive its folder
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_subtask_left_open() -> Iterator[None]:
+    """Crash the LocalSubtasks a test left open (their writer threads and RocksDBs would
+    outlive the test's folders); those of wider-scoped fixtures, made before, stay."""
+    before = open_subtasks()
+    yield
+    crash_open_subtasks(keep=before)
 
 
 def pandas_aircraft(csv: Path) -> dict[str, tuple[int, int, int, str]]:

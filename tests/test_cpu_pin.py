@@ -31,8 +31,8 @@ from pyflink.datastream.functions import KeySelector
 from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
-from pyflink_ndb.config import NdbStateOptions, from_flink_keys
 from pyflink_ndb import cpu_pin
+from pyflink_ndb.config import NdbStateOptions, from_flink_keys
 from pyflink_ndb.cpu_pin import cpu_of_setting
 from pyflink_ndb.errors import ConfigurationError
 
