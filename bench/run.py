@@ -49,6 +49,7 @@ Results go to `bench/results/` (summary.md, results.json, bench.png, checkpoint-
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -690,7 +691,13 @@ def pause_job(kind: str, write_async: bool | None, duration_s: float, mysql_url:
     shutil.rmtree(work, ignore_errors=True)
     rates = work / "rates"
     rates.mkdir(parents=True)
-    namespace = f"{NAMESPACE_PREFIX[0]}_cpj_{tag.replace('-', '_')}"
+    # Namespaces have at most 40 characters: the backend's name shortened, and a hash of
+    # the tag where that is not enough.
+    namespace = (f"{NAMESPACE_PREFIX[0]}_cpj_"
+                 f"{tag.replace('ndb-mariadb', 'mdb').replace('ndb-sqlite', 'sqlite')}"
+                 .replace("-", "_"))
+    if len(namespace) > 40:
+        namespace = namespace[:31] + "_" + hashlib.sha1(tag.encode()).hexdigest()[:8]
     url = store_url(kind, mysql_url, namespace)
     options = ndb_options(url, namespace)
     if write_async is not None:
