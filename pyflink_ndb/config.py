@@ -220,7 +220,7 @@ class NdbStateOptions:
                 f"(got {redact_url(self.url)!r}).")
         object.__setattr__(self, "write_process", _tri_state(self.write_process))
         self._require(self.write_process in ("auto", "true", "false"), "write.process",
-                      "`auto`, `true` or `false`")
+                      "`auto`, `true` or `false` (also accepted: yes/no, 1/0, any case)")
         for spec in OPTIONS:
             if isinstance(spec.default, bool):
                 self._require(isinstance(getattr(self, spec.field), bool), spec.key,

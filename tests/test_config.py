@@ -93,7 +93,8 @@ def test_values_are_converted(key: str, raw: object, expected: object) -> None:
     ("namespace", "x" * 41, "namespace"),
     ("namespace", "1abc", "namespace"),
     ("url", "postgres://h/db", "mysql://"),
-    ("write.process", "sometimes", "`auto`, `true` or `false` (default: auto)"),
+    ("write.process", "sometimes",
+     "`auto`, `true` or `false` (also accepted: yes/no, 1/0, any case) (default: auto)"),
 ])
 def test_bad_values_are_configuration_errors(key: str, raw: str, needle: str) -> None:
     with pytest.raises(ConfigurationError) as info:

@@ -395,3 +395,36 @@ def test_the_option_where_it_does_not_apply_is_logged_once(
     assert len(ignored) == 1, caplog.text
     assert "state.backend.ndb.write.process is ignored" in ignored[0]
     sub.close()
+
+
+@pytest.mark.parametrize(("cpus", "on"), [(1.0, False), (2.0, True)])
+def test_auto_decides_by_the_usable_cpus_and_logs_its_decision(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        cpus: float, on: bool) -> None:
+    """`write.process: auto` (the default): the child writes where the TaskManager may use
+    2 CPUs, the writer on 1; a fresh user found no line in the log that said which."""
+    import logging
+
+    import pyflink_ndb.checkpoint.protocol as protocol
+
+    monkeypatch.setattr(protocol, "usable_cpus", lambda: cpus)
+    ns = unique_namespace("wp")
+    namespaces.append(ns)
+    with caplog.at_level(logging.INFO, logger="pyflink_ndb"):
+        sub = _run(mysql_url, ns, tmp_path, write_process="auto")
+        _fill(sub, 30, 1, 2)
+    try:
+        said = [r.getMessage() for r in caplog.records if "write.process auto" in
+                r.getMessage()]
+        assert len(said) == 1, said
+        assert f"write.process auto: {'on' if on else 'off'}" in said[0]
+        assert f"may use {cpus:g} CPUs" in said[0]
+        process = sub.backend.protocol.render_process
+        if on:
+            assert process is not None and process.written_epochs == 2
+        else:
+            assert process is None
+        assert not [r for r in caplog.records if "is ignored" in r.getMessage()]
+    finally:
+        sub.close()

@@ -217,7 +217,13 @@ class CheckpointProtocol:
         #: The option that asks for it was logged as not applying here.
         self._process_refused = False
         #: `write.process` resolved on this TaskManager (`auto`: by its usable CPUs).
-        self.write_process = options.write_process_wanted(usable_cpus())
+        cpus = usable_cpus()
+        self.write_process = options.write_process_wanted(cpus)
+        if options.write_process == "auto" and self.wstore.renders_literals \
+                and not self.writer.inline:
+            log.info("pyflink-ndb %s/%d: write.process auto: %s (this TaskManager may use "
+                     "%g CPUs; on from 2)", scope.operator, scope.subtask_index,
+                     "on" if self.write_process else "off", cpus)
         self.branch = 0
         self.lineage: Lineage | None = None
         self.fence: Fence | None = None
