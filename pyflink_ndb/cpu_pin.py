@@ -63,14 +63,20 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> float:
     """CPUs this process may use: the CPUs of its affinity mask, lowered to its cgroup's
     CPU quota where one is set (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` /
     `cpu.cfs_period_us`: a container given "2 CPUs" by quota sees every host CPU in its
-    mask). `state.backend.ndb.write.process: auto` asks it.
+    mask). `state.backend.ndb.write.process: auto` asks it. The quota read is the one of
+    the cgroup at the mount root: a container's own under cgroup namespaces (Docker,
+    Kubernetes); a quota set on a nested cgroup seen from the host (a systemd unit's
+    `CPUQuota`, YARN) is not read, so there `auto` counts the affinity mask only.
 
     :param cgroup_root: where the cgroup file system is mounted (tests point it elsewhere).
     :returns: a count of CPUs, fractional under a fractional quota; at least a small
         positive number; the affinity count where no quota can be read.
     """
     try:
-        cpus = float(len(os.sched_getaffinity(0)))
+        # The process's CPUs, not the calling thread's: `python.cpu-pin` pins the task
+        # thread before it opens the backend that asks (found by a breaker: with both
+        # options `auto` resolved to off on 2 CPUs), and the child gets every CPU back.
+        cpus = float(len(_all_cpus if _all_cpus is not None else os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
         cpus = float(os.cpu_count() or 1)
     quota = _cgroup_quota(cgroup_root)

@@ -77,6 +77,9 @@ class TcpProxy:
         #: Connections accepted since the proxy was created (black-holed ones included).
         self.accepted = 0
         self._drop_in_handshake = 0
+        self._limit: tuple[int, int] | None = None
+        #: Connections refused by :meth:`limit_connections`.
+        self.refused = 0
 
     # -- life cycle -----------------------------------------------------------------------
     @property
@@ -154,6 +157,13 @@ class TcpProxy:
         with self._lock:
             self._drop_in_handshake = connections
 
+    def limit_connections(self, open_at_most: int | None, errno: int = 1040) -> None:
+        """While set, a new connection beyond `open_at_most` open ones gets the MySQL error
+        packet a server at its connection limit sends instead of its greeting (`errno`
+        1040: `max_connections`, 1203: the user's `max_user_connections`), then EOF.
+        None: no limit."""
+        self._limit = None if open_at_most is None else (open_at_most, errno)
+
     @property
     def black_hole(self) -> bool:
         return self._black_hole
@@ -188,6 +198,14 @@ class TcpProxy:
             except OSError:
                 return
             self.accepted += 1
+            limit = self._limit
+            if limit is not None and self.connections >= limit[0]:
+                payload = b"\xff" + limit[1].to_bytes(2, "little") + b"Too many connections"
+                with contextlib.suppress(OSError):
+                    client.sendall(len(payload).to_bytes(3, "little") + b"\x00" + payload)
+                client.close()
+                self.refused += 1
+                continue
             upstream: socket.socket | None = None
             if not self._black_hole:
                 try:

@@ -323,3 +323,20 @@ def test_usable_cpus_is_the_affinity_mask_lowered_to_the_cgroup_quota(
     mask = float(len(os.sched_getaffinity(0)))
     wanted = mask if expected is None else min(mask, expected)
     assert cpu_pin.usable_cpus(str(tmp_path)) == wanted
+
+
+def test_usable_cpus_counts_the_process_cpus_after_the_thread_is_pinned() -> None:
+    """Found by a breaker: `python.cpu-pin` pins the task thread before the backend opens,
+    and `usable_cpus()` then counted the pinned thread's one CPU, so `write.process: auto`
+    turned the write process off on 2 CPUs whenever pinning was on."""
+    script = (
+        "import os\n"
+        "from pyflink_ndb import cpu_pin\n"
+        "before = cpu_pin.usable_cpus()\n"
+        "cpu_pin.pin_python_threads(min(os.sched_getaffinity(0)))\n"
+        "print(before, len(os.sched_getaffinity(0)), cpu_pin.usable_cpus())\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    before, thread_cpus, after = float(out[0]), int(out[1]), float(out[2])
+    assert thread_cpus == 1  # the thread is pinned
+    assert after == before == float(len(os.sched_getaffinity(0)))

@@ -220,6 +220,48 @@ def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_every
         drop_namespace(mysql_url, ns)
 
 
+@pytest.mark.parametrize("errno", [1040, 1203])  # max_connections, max_user_connections
+def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer(
+        mysql_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        errno: int) -> None:
+    """Found by a breaker: a server with room for a subtask's two connections but not the
+    write process's third failed every checkpoint ("Cannot reach the database … Start the
+    MySQL server") although the writer's own connection worked."""
+    import logging
+
+    from tcp_proxy import TcpProxy
+
+    from pyflink_ndb.stores.mysql import parse_mysql_url
+
+    server = parse_mysql_url(mysql_url)
+    ns = unique_namespace("wp")
+    try:
+        with TcpProxy(server["host"], server["port"]) as proxy:
+            url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+            options = _options(url, ns, write_process=True, checkpoints_retained=8)
+            sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "l"))
+            value = _value(sub)
+            proxy.limit_connections(proxy.connections, errno)  # those open now, no more
+            keys = [f"k{i}" for i in range(20)]
+            with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
+                for checkpoint_id in (1, 2, 3, 4, 5):
+                    for key in keys:
+                        sub.key(key)
+                        value.update(checkpoint_id)
+                    sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
+            process = sub.backend.protocol.render_process
+            assert proxy.refused >= 3 and process is not None
+            assert process.written_epochs == 0 and not process.usable  # 3 tries, then off
+            assert sub.backend.protocol.epochs_failed == 0
+            said = caplog.text
+            assert "too many connections" in said and "Start the MySQL server" not in said
+            sub.close()
+            proxy.limit_connections(None)
+            assert _restored_value(url, sub, tmp_path, 5, keys) == {k: 5 for k in keys}
+    finally:
+        drop_namespace(mysql_url, ns)
+
+
 # -- a real job ---------------------------------------------------------------------------
 
 @pytest.mark.flink
@@ -426,5 +468,22 @@ def test_auto_decides_by_the_usable_cpus_and_logs_its_decision(
         else:
             assert process is None
         assert not [r for r in caplog.records if "is ignored" in r.getMessage()]
+    finally:
+        sub.close()
+
+
+def test_the_stall_limit_covers_the_retry_deadline_and_one_more_socket_timeout(
+        tmp_path: Path) -> None:
+    """Found by a breaker: with `db.socket-timeout-ms` 70 s and a 1-s retry deadline, a
+    statement the child had sent into a network partition was still waiting when the
+    writer gave up on the child after 61 s, blamed it (one of its three starts) and waited
+    the same statement out again on its own connection: 131 s instead of about 70."""
+    from pyflink_ndb.stores.render_process import STALL_SECONDS
+
+    url = f"sqlite:///{tmp_path / 'state.sqlite'}"
+    sub = _run(url, unique_namespace("wp"), tmp_path, db_retry_deadline_ms=1_000,
+               db_socket_timeout_ms=70_000)
+    try:
+        assert sub.backend.protocol._process_stall_s == 71 + STALL_SECONDS
     finally:
         sub.close()

@@ -519,8 +519,11 @@ class CheckpointProtocol:
     @property
     def _process_stall_s(self) -> float:
         """Seconds a store call of the write process may go without a byte from it: the
-        child retries as the store does, so at least the retry deadline."""
-        return self.options.db_retry_deadline_ms / 1000 + STALL_SECONDS
+        child retries as the store does, so at least the retry deadline plus one more
+        try's socket timeout (the deadline bounds when the last try starts; found by a
+        breaker: with a socket timeout over 60 s a partition was blamed on the child)."""
+        return (self.options.db_retry_deadline_ms + self.options.db_socket_timeout_ms) / 1000 \
+            + STALL_SECONDS
 
     def _render_process(self) -> RenderProcess | None:
         """The render process, created at the first epoch that may use it; None without

@@ -35,6 +35,9 @@ from pyflink_ndb.stores.retry import DEFAULT_RETRY_POLICY, RetriesExhaustedError
 #: Client error numbers meaning "the server cannot be reached or went away".
 _UNREACHABLE = {2002, 2003, 2005, 2006, 2013, 2055}
 _ACCESS_DENIED = {1044, 1045, 1698}
+#: Connection refused for the server's or the user's connection limit:
+#: ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS, ER_USER_LIMIT_REACHED.
+TOO_MANY_CONNECTIONS = frozenset({1040, 1203, 1226})
 _PACKET_TOO_LARGE = {1153, 1301}
 _UNKNOWN_DATABASE = 1049
 _UNKNOWN_HOST = 2005
@@ -714,6 +717,13 @@ class MysqlStateStore(StateStore):
                     f"The database at {where} refused user {a['user']!r} (error {code}). Fix "
                     "state.backend.ndb.user and the password (state.backend.ndb.password, "
                     "password-file or password-env).") from err
+            if code in TOO_MANY_CONNECTIONS:
+                raise StoreUnavailableError(
+                    f"The database at {where} refused a new connection: too many "
+                    f"connections (error {code}). Raise the server's max_connections (or "
+                    f"the user's limit), or open fewer: each subtask opens two, three with "
+                    "state.backend.ndb.write.process on (its default with 2 CPUs or "
+                    "more; set it to false).") from err
             raise StoreUnavailableError(
                 f"Cannot reach the database at {where} (error {code}). Start the MySQL "
                 "server there or fix state.backend.ndb.url.") from err

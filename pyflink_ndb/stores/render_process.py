@@ -64,7 +64,7 @@ from pyflink_ndb.errors import (
 from pyflink_ndb.serialization.keys import KeyJsonMemo
 from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
 from pyflink_ndb.stores.base import Deletion, Fence, StateStore, WriteRow, row_params
-from pyflink_ndb.stores.mysql import render_state_row
+from pyflink_ndb.stores.mysql import TOO_MANY_CONNECTIONS, render_state_row
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,12 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
                 old.close()
             stores.clear()
             store = pickle.loads(store_bytes)
-            store.connect()
+            try:
+                store.connect()
+            except StoreUnavailableError as err:
+                if _connection_limit(err):  # the writer's own connection may still work
+                    return ("error", "failed", f"its connection was refused: {err}")
+                raise
             stores[store_bytes] = store
         before = store.retries
         if kind == "delete":
@@ -296,6 +301,15 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
         return ("error", "too-large", str(err))
     except Exception as err:  # the writer stops this child and does the work itself
         return ("error", "failed", f"{type(err).__name__}: {err}")
+
+
+def _connection_limit(err: StoreUnavailableError) -> bool:
+    """Whether `err` is the server refusing the child's connection for a connection limit
+    (:data:`~pyflink_ndb.stores.mysql.TOO_MANY_CONNECTIONS`): not an outage, since the
+    writer's connection is open, so the writer does the work (found by a breaker: at
+    `max_connections` every checkpoint failed)."""
+    cause = err.__cause__
+    return bool(getattr(cause, "args", None)) and cause.args[0] in TOO_MANY_CONNECTIONS  # type: ignore[union-attr]
 
 
 def python_executable() -> str | None:
