@@ -59,16 +59,17 @@ _on_purpose: set[int] = set()
 MAX_CPU_DIGITS = 5
 
 
-def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> float:
-    """CPUs this process may use: the CPUs of its affinity mask, lowered to its cgroup's
-    CPU quota where one is set (cgroup v2 `cpu.max`, else v1 `cpu.cfs_quota_us` /
-    `cpu.cfs_period_us`: a container given "2 CPUs" by quota sees every host CPU in its
-    mask). `state.backend.ndb.write.process: auto` asks it. The quota read is the one of
-    the cgroup at the mount root: a container's own under cgroup namespaces (Docker,
-    Kubernetes); a quota set on a nested cgroup seen from the host (a systemd unit's
-    `CPUQuota`, YARN) is not read, so there `auto` counts the affinity mask only.
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup",
+                proc_cgroup: str = "/proc/self/cgroup") -> float:
+    """CPUs this process may use: the CPUs of its affinity mask, lowered to the smallest
+    CPU quota of its cgroup and the cgroup's ancestors (cgroup v2 `cpu.max`, else v1
+    `cpu.cfs_quota_us` / `cpu.cfs_period_us`): a container given "2 CPUs" by quota sees
+    every host CPU in its mask. `state.backend.ndb.write.process: auto` asks it.
 
     :param cgroup_root: where the cgroup file system is mounted (tests point it elsewhere).
+    :param proc_cgroup: the file naming this process's cgroups (`/proc/self/cgroup`; its
+        paths are relative to `cgroup_root`: `/` in a container with a cgroup namespace,
+        the unit's path for a systemd `CPUQuota` seen from the host).
     :returns: a count of CPUs, fractional under a fractional quota; at least a small
         positive number; the affinity count where no quota can be read.
     """
@@ -79,22 +80,45 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> float:
         cpus = float(len(_all_cpus if _all_cpus is not None else os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
         cpus = float(os.cpu_count() or 1)
-    quota = _cgroup_quota(cgroup_root)
-    return min(cpus, quota) if quota is not None else cpus
+    quotas = [q for q in (_cgroup_quota(folder) for folder in
+                          _cgroup_folders(cgroup_root, proc_cgroup)) if q is not None]
+    return min([cpus, *quotas])
 
 
-def _cgroup_quota(root: str) -> float | None:
-    """The CPU quota of this process's cgroup in CPUs, or None (no quota, or unreadable)."""
+def _cgroup_folders(root: str, proc_cgroup: str) -> list[str]:
+    """The folders that may hold this process's CPU quota: its cgroup's and each
+    ancestor's, for v2 (`0::/path`) and for v1's `cpu` controller (`N:cpu,cpuacct:/path`,
+    mounted at `root/cpu`); the mount roots when `proc_cgroup` cannot be read."""
+    paths: dict[str, str] = {}
     try:
-        text = open(os.path.join(root, "cpu.max")).read().split()  # noqa: SIM115
+        for line in open(proc_cgroup).read().splitlines():  # noqa: SIM115
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                paths["v2"] = path
+            elif "cpu" in controllers.split(","):
+                paths["v1"] = path
+    except (OSError, ValueError):
+        pass
+    folders = []
+    for kind, base in (("v2", root), ("v1", os.path.join(root, "cpu"))):
+        parts = [p for p in paths.get(kind, "/").split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):
+            folders.append(os.path.join(base, *parts[:depth]))
+    return folders
+
+
+def _cgroup_quota(folder: str) -> float | None:
+    """The CPU quota set in one cgroup folder, in CPUs, or None (no quota, or unreadable)."""
+    try:
+        text = open(os.path.join(folder, "cpu.max")).read().split()  # noqa: SIM115
         if len(text) == 2 and text[0] != "max":
             return max(int(text[0]) / int(text[1]), 0.01)
         return None
     except (OSError, ValueError, ZeroDivisionError):
         pass
     try:
-        quota = int(open(os.path.join(root, "cpu", "cpu.cfs_quota_us")).read())  # noqa: SIM115
-        period = int(open(os.path.join(root, "cpu", "cpu.cfs_period_us")).read())  # noqa: SIM115
+        quota = int(open(os.path.join(folder, "cpu.cfs_quota_us")).read())  # noqa: SIM115
+        period = int(open(os.path.join(folder, "cpu.cfs_period_us")).read())  # noqa: SIM115
     except (OSError, ValueError):
         return None
     return max(quota / period, 0.01) if quota > 0 and period > 0 else None

@@ -322,7 +322,34 @@ def test_usable_cpus_is_the_affinity_mask_lowered_to_the_cgroup_quota(
         (tmp_path / name).write_text(text)
     mask = float(len(os.sched_getaffinity(0)))
     wanted = mask if expected is None else min(mask, expected)
-    assert cpu_pin.usable_cpus(str(tmp_path)) == wanted
+    assert cpu_pin.usable_cpus(str(tmp_path), str(tmp_path / "no-such-file")) == wanted
+
+
+@pytest.mark.parametrize(("proc", "files", "expected"), [
+    # v2, a systemd unit's CPUQuota seen from the host: the quota of the unit's folder
+    ("0::/system.slice/tm.service\n", {"system.slice/tm.service/cpu.max": "50000 100000"},
+     0.5),
+    # v2: the smallest quota of the cgroup and its ancestors
+    ("0::/a/b\n", {"a/cpu.max": "50000 100000", "a/b/cpu.max": "300000 100000"}, 0.5),
+    # v1: the cpu controller's path, under the cpu mount
+    ("4:memory:/x\n3:cpu,cpuacct:/yarn/c1\n",
+     {"cpu/yarn/c1/cpu.cfs_quota_us": "100000", "cpu/yarn/c1/cpu.cfs_period_us": "100000"},
+     1.0),
+    # `/` (a container with a cgroup namespace): the mount root's files
+    ("0::/\n", {"cpu.max": "150000 100000"}, 1.5),
+    ("0::/a\n", {"a/cpu.max": "max 100000"}, None),
+])
+def test_usable_cpus_reads_the_quota_of_the_process_cgroup_and_its_ancestors(
+        tmp_path: Path, proc: str, files: dict[str, str], expected: float | None) -> None:
+    """A quota on a nested cgroup (the breaker's probe: systemd's `CPUQuota`, YARN) was
+    not read: only the mount root's files were."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "proc-cgroup").write_text(proc)
+    mask = float(len(os.sched_getaffinity(0)))
+    wanted = mask if expected is None else min(mask, expected)
+    assert cpu_pin.usable_cpus(str(tmp_path), str(tmp_path / "proc-cgroup")) == wanted
 
 
 def test_usable_cpus_counts_the_process_cpus_after_the_thread_is_pinned() -> None:
