@@ -308,8 +308,8 @@ def _connection_limit(err: StoreUnavailableError) -> bool:
     (:data:`~pyflink_ndb.stores.mysql.TOO_MANY_CONNECTIONS`): not an outage, since the
     writer's connection is open, so the writer does the work (found by a breaker: at
     `max_connections` every checkpoint failed)."""
-    cause = err.__cause__
-    return bool(getattr(cause, "args", None)) and cause.args[0] in TOO_MANY_CONNECTIONS  # type: ignore[union-attr]
+    args: tuple[Any, ...] = getattr(err.__cause__, "args", ())
+    return bool(args) and args[0] in TOO_MANY_CONNECTIONS
 
 
 def python_executable() -> str | None:
