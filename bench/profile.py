@@ -71,19 +71,23 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("rocksdb-full", "Flink RocksDB, full checkpoints", "rocksdb", None),
     ("rocksdb-incremental", "Flink RocksDB, incremental checkpoints", "rocksdb", None),
     ("ndb-sqlite", "pyflink-ndb SQLite (lazy)", "ndb-sqlite", "lazy"),
-    ("ndb-mariadb", "pyflink-ndb MariaDB (lazy)", "ndb-mariadb", "lazy"),
+    ("ndb-mariadb", "pyflink-ndb MariaDB (lazy; defaults: write.process auto)", "ndb-mariadb",
+     "lazy"),
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
     ("ndb-mariadb-render", "pyflink-ndb MariaDB, write.render-process", "ndb-mariadb",
      "lazy"),
-    ("ndb-mariadb-process", "pyflink-ndb MariaDB, write.process", "ndb-mariadb", "lazy"),
+    ("ndb-mariadb-thread", "pyflink-ndb MariaDB, write.process false (background thread)",
+     "ndb-mariadb", "lazy"),
 )
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg",
-          "ndb-mariadb-render": "my_rp", "ndb-mariadb-process": "my_wp"}
-#: More pyflink-ndb options of a backend.
-_EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true"},
-                  "ndb-mariadb-process": {"state.backend.ndb.write.process": "true"}}
+          "ndb-mariadb-render": "my_rp", "ndb-mariadb-thread": "my_th"}
+#: More pyflink-ndb options of a backend (`ndb-mariadb` runs the defaults: on 2 CPUs or
+#: more, `write.process: auto` turns the write process on).
+_EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true",
+                                        "state.backend.ndb.write.process": "false"},
+                  "ndb-mariadb-thread": {"state.backend.ndb.write.process": "false"}}
 
 
 # -- the job (runs in the TaskManager's interpreter) --------------------------------------

@@ -134,7 +134,8 @@ def patched_copy(folder: Path, variant: str) -> Path:
 
 
 #: The variants: (key, label).
-VARIANTS = (("released", "as released"),
+VARIANTS = (("released", "`write.process: false`: the background thread (the default before "
+                         "2026-12-05)"),
             ("render-process", "`write.render-process: true`"),
             ("process", "`write.process: true`"),
             ("handover", "hand-over only (experiment: nothing durable)"),
@@ -169,8 +170,8 @@ def one_run(job: str, variant: str, copies: dict[str, Path], url: str, seconds: 
         return got
     work = Path(tempfile.mkdtemp(prefix="writer-bound-profile-"))
     try:
-        backend = {"render-process": "ndb-mariadb-render",
-                   "process": "ndb-mariadb-process"}.get(writer, "ndb-mariadb")
+        backend = {"render-process": "ndb-mariadb-render", "process": "ndb-mariadb",
+                   "thread": "ndb-mariadb-thread"}[writer]
         out = subprocess.run([sys.executable, "-m", "bench.profile", backend,
                               "--duration", str(seconds), "--mysql-url", url,
                               "--work", str(work / "w")],
