@@ -301,14 +301,22 @@ class NdbStateOptions:
         return dataclasses.replace(self, **changes)
 
 
+#: The texts a yes/no option reads as true and as false (any case).
+_TRUE_TEXTS = ("true", "1", "yes")
+_FALSE_TEXTS = ("false", "0", "no")
+
+
 def _tri_state(value: Any) -> Any:
-    """`auto`, `true` or `false` from a bool or any-case text (yes/no, 1/0 as for booleans);
-    anything else as it is, for the option's check to name."""
+    """`auto`, `true` or `false` from a bool or any-case text (the texts of a yes/no
+    option); anything else as it is, for the option's check to name."""
     if isinstance(value, bool):
         return "true" if value else "false"
     text = str(value).strip().lower()
-    return {"yes": "true", "1": "true", "no": "false", "0": "false"}.get(text, text) \
-        if text in ("auto", "true", "false", "yes", "no", "1", "0") else value
+    if text in _TRUE_TEXTS:
+        return "true"
+    if text in _FALSE_TEXTS:
+        return "false"
+    return "auto" if text == "auto" else value
 
 
 def _convert(spec: OptionSpec, raw: Any) -> Any:
@@ -320,9 +328,9 @@ def _convert(spec: OptionSpec, raw: Any) -> Any:
         if isinstance(default, bool):
             if isinstance(raw, bool):
                 return raw
-            if text.lower() in ("true", "1", "yes"):
+            if text.lower() in _TRUE_TEXTS:
                 return True
-            if text.lower() in ("false", "0", "no"):
+            if text.lower() in _FALSE_TEXTS:
                 return False
             raise ValueError(text)
         if isinstance(default, int) or spec.field == "checkpoints_retained":

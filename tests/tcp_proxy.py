@@ -19,8 +19,9 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
+from typing import Any
 
 _CHUNK = 65536
 #: How often the accept loop looks at its stop flag (s).
@@ -245,3 +246,9 @@ class TcpProxy:
             with self._lock:
                 self._links.discard(link)
             link.close()
+
+
+def proxied_mysql_url(server: Mapping[str, Any], proxy: TcpProxy) -> str:
+    """The MySQL URL of `server` (:func:`pyflink_ndb.stores.mysql.parse_mysql_url`'s dict:
+    its user and database, not its password) that goes through `proxy` on loopback."""
+    return f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"

@@ -432,7 +432,7 @@ def test_crash_while_the_writer_is_mid_epoch_restores_the_last_completed_exactly
 @pytest.mark.mysql
 def test_crash_while_the_database_is_a_black_hole_mid_epoch(mysql_url, local_dir):
     from conftest import drop_namespace
-    from tcp_proxy import TcpProxy
+    from tcp_proxy import TcpProxy, proxied_mysql_url
 
     from pyflink_ndb.stores import open_store
     from pyflink_ndb.stores.mysql import parse_mysql_url
@@ -441,7 +441,7 @@ def test_crash_while_the_database_is_a_black_hole_mid_epoch(mysql_url, local_dir
     ns = unique_namespace("af")
     storage = CheckpointStorage()
     with TcpProxy(server["host"], server["port"]) as proxy:
-        url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+        url = proxied_mysql_url(server, proxy)
         options = opts("cache1-local", url=url, namespace=ns, db_socket_timeout_ms=1500,
                        db_retry_deadline_ms=2000, db_retry_max_attempts=2)
         store = open_store(options)

@@ -317,12 +317,7 @@ def test_usable_cpus_is_the_affinity_mask_lowered_to_the_cgroup_quota(
         tmp_path: Path, files: dict[str, str], expected: float | None) -> None:
     """`write.process: auto` counts the CPUs a TaskManager may use: a container given a
     CPU quota sees every host CPU in its affinity mask."""
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    mask = float(len(os.sched_getaffinity(0)))
-    wanted = mask if expected is None else min(mask, expected)
-    assert cpu_pin.usable_cpus(str(tmp_path), str(tmp_path / "no-such-file")) == wanted
+    _assert_usable_cpus(tmp_path, files, None, expected)
 
 
 @pytest.mark.parametrize(("proc", "files", "expected"), [
@@ -343,13 +338,21 @@ def test_usable_cpus_reads_the_quota_of_the_process_cgroup_and_its_ancestors(
         tmp_path: Path, proc: str, files: dict[str, str], expected: float | None) -> None:
     """A quota on a nested cgroup (the breaker's probe: systemd's `CPUQuota`, YARN) was
     not read: only the mount root's files were."""
+    _assert_usable_cpus(tmp_path, files, proc, expected)
+
+
+def _assert_usable_cpus(root: Path, files: dict[str, str], proc: str | None,
+                        expected: float | None) -> None:
+    """`usable_cpus` on a fake cgroup tree at `root` (`files`: path → text) and a fake
+    `/proc/self/cgroup` (`proc`; None: none) is the affinity mask lowered to `expected`."""
     for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    (tmp_path / "proc-cgroup").write_text(proc)
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    if proc is not None:
+        (root / "proc-cgroup").write_text(proc)
     mask = float(len(os.sched_getaffinity(0)))
     wanted = mask if expected is None else min(mask, expected)
-    assert cpu_pin.usable_cpus(str(tmp_path), str(tmp_path / "proc-cgroup")) == wanted
+    assert cpu_pin.usable_cpus(str(root), str(root / "proc-cgroup")) == wanted
 
 
 def test_usable_cpus_counts_the_process_cpus_after_the_thread_is_pinned() -> None:

@@ -27,7 +27,7 @@ from conftest import drop_namespace, free_port, thread_mode_env, unique_namespac
 from pyflink.common import Types, WatermarkStrategy
 from pyflink.datastream import CheckpointingMode
 from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
-from tcp_proxy import TcpProxy
+from tcp_proxy import TcpProxy, proxied_mysql_url
 
 import pyflink_ndb
 from pyflink_ndb.config import NdbStateOptions
@@ -104,7 +104,7 @@ def outage_during_job(tmp_path: Path, mysql_url: str, tolerable: int
                                  max_per_key=120, seed=7)  # about 6,000 records, 9+ s
     server = parse_mysql_url(mysql_url)
     proxy = TcpProxy(server["host"], server["port"]).start()
-    url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+    url = proxied_mysql_url(server, proxy)
     namespace = unique_namespace("fcp")
     port = free_port()
     client = start_job(tmp_path / "input.txt", url, namespace, tolerable, port)

@@ -600,7 +600,7 @@ def test_database_gone_for_longer_than_the_deadline_fails_the_checkpoint_cleanly
         mysql_url, store_factory, local_dir):
     """P5: when retries are spent the checkpoint fails with StoreUnavailableError naming
     the server, and the last completed checkpoint stays restorable."""
-    from tcp_proxy import TcpProxy
+    from tcp_proxy import TcpProxy, proxied_mysql_url
 
     from pyflink_ndb.stores.mysql import MysqlStateStore, parse_mysql_url
     from pyflink_ndb.stores.retry import RetryPolicy
@@ -611,7 +611,7 @@ def test_database_gone_for_longer_than_the_deadline_fails_the_checkpoint_cleanly
     options = NdbStateOptions(cache_max_entries=1, local_enabled=False)
     with TcpProxy(server["host"], server["port"]) as proxy:
         store = MysqlStateStore(
-            f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}", ns,
+            proxied_mysql_url(server, proxy), ns,
             password=server["password"], connect_timeout_s=1, read_timeout_s=1,
             write_timeout_s=1, retry=RetryPolicy(max_attempts=4, initial_backoff_ms=10,
                                                  max_backoff_ms=50, deadline_ms=2_000))

@@ -21,7 +21,7 @@ from typing import Any
 import pymysql
 import pytest
 from conftest import mysql_connect
-from tcp_proxy import TcpProxy
+from tcp_proxy import TcpProxy, proxied_mysql_url
 
 from pyflink_ndb.config import NdbStateOptions, from_flink_keys
 from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError
@@ -384,7 +384,7 @@ def proxy(server: dict[str, Any]) -> Iterator[TcpProxy]:
 def store(server: dict[str, Any], proxy: TcpProxy) -> Iterator[MysqlStateStore]:
     """A store that reaches the test server through `proxy`, with 1 s socket timeouts."""
     made = MysqlStateStore(
-        f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}",
+        proxied_mysql_url(server, proxy),
         "faults", password=server["password"], connect_timeout_s=2,
         read_timeout_s=SOCKET_TIMEOUT_S, write_timeout_s=SOCKET_TIMEOUT_S)
     yield made
@@ -507,7 +507,7 @@ def test_a_connection_dropped_in_the_handshake_is_connected_again(server, proxy)
     handshake (error 2006) while a subtask forked its writer's store, and the test failed
     with "Cannot reach the database". open(), connect() and fork() now try again."""
     made = MysqlStateStore(
-        f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}",
+        proxied_mysql_url(server, proxy),
         "faults", password=server["password"], connect_timeout_s=2,
         read_timeout_s=SOCKET_TIMEOUT_S, write_timeout_s=SOCKET_TIMEOUT_S,
         retry=RetryPolicy(max_attempts=5, initial_backoff_ms=10, max_backoff_ms=50))

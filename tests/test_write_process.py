@@ -186,7 +186,7 @@ def test_a_close_while_a_stopped_child_holds_the_write_leaves_no_visible_epoch(
 
 def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_everything(
         mysql_url: str, tmp_path: Path) -> None:
-    from tcp_proxy import TcpProxy
+    from tcp_proxy import TcpProxy, proxied_mysql_url
 
     from pyflink_ndb.stores.mysql import parse_mysql_url
 
@@ -194,7 +194,7 @@ def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_every
     ns = unique_namespace("wp")
     try:
         with TcpProxy(server["host"], server["port"]) as proxy:
-            url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+            url = proxied_mysql_url(server, proxy)
             options = _options(url, ns, write_process=True, db_socket_timeout_ms=1500,
                                db_retry_deadline_ms=1500, db_retry_max_attempts=2,
                                checkpoints_retained=8)
@@ -229,7 +229,7 @@ def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer
     MySQL server") although the writer's own connection worked."""
     import logging
 
-    from tcp_proxy import TcpProxy
+    from tcp_proxy import TcpProxy, proxied_mysql_url
 
     from pyflink_ndb.stores.mysql import parse_mysql_url
 
@@ -237,7 +237,7 @@ def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer
     ns = unique_namespace("wp")
     try:
         with TcpProxy(server["host"], server["port"]) as proxy:
-            url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+            url = proxied_mysql_url(server, proxy)
             options = _options(url, ns, write_process=True, checkpoints_retained=8)
             sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "l"))
             value = _value(sub)
@@ -327,7 +327,7 @@ def test_the_childs_retry_warnings_reach_the_writers_log_not_an_inherited_stderr
     by the writer."""
     import logging
 
-    from tcp_proxy import TcpProxy
+    from tcp_proxy import TcpProxy, proxied_mysql_url
 
     from pyflink_ndb.stores.mysql import parse_mysql_url
 
@@ -335,7 +335,7 @@ def test_the_childs_retry_warnings_reach_the_writers_log_not_an_inherited_stderr
     ns = unique_namespace("wp")
     try:
         with TcpProxy(server["host"], server["port"]) as proxy:
-            url = f"mysql://{server['user']}@127.0.0.1:{proxy.port}/{server['database']}"
+            url = proxied_mysql_url(server, proxy)
             options = _options(url, ns, write_process=True, checkpoints_retained=8)
             sub, value = _checkpointed(options, tmp_path / "l", ["a", "b"])
             process = sub.backend.protocol.render_process

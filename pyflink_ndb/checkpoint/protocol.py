@@ -219,8 +219,7 @@ class CheckpointProtocol:
         #: `write.process` resolved on this TaskManager (`auto`: by its usable CPUs).
         cpus = usable_cpus()
         self.write_process = options.write_process_wanted(cpus)
-        if options.write_process == "auto" and self.wstore.renders_literals \
-                and not self.writer.inline:
+        if options.write_process == "auto" and self._child_applies:
             log.info("pyflink-ndb %s/%d: write.process auto: %s (this TaskManager may use "
                      "%g CPUs; on from 2)", scope.operator, scope.subtask_index,
                      "on" if self.write_process else "off", cpus)
@@ -525,12 +524,18 @@ class CheckpointProtocol:
         return (self.options.db_retry_deadline_ms + self.options.db_socket_timeout_ms) / 1000 \
             + STALL_SECONDS
 
+    @property
+    def _child_applies(self) -> bool:
+        """A render or write process can serve this subtask: a store that renders SQL
+        literals (MySQL protocol), written by the background writer (`write.async`)."""
+        return self.wstore.renders_literals and not self.writer.inline
+
     def _render_process(self) -> RenderProcess | None:
         """The render process, created at the first epoch that may use it; None without
         the option, on a store that renders no literals, inline or after it gave up."""
         if self.render_process is None:
             wanted = self.options.write_render_process or self.write_process
-            if not (wanted and self.wstore.renders_literals and not self.writer.inline):
+            if not (wanted and self._child_applies):
                 # `write.process: auto` where it does not apply says nothing: it is the
                 # default; an option set to true does.
                 explicit = self.options.write_render_process or \
