@@ -6,6 +6,7 @@ from pyflink.common.typeinfo import Types
 from pyflink.datastream.state import ValueStateDescriptor
 
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.stores.base import Fence, StateStore, WriteRow
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.lineage import Ranges, fresh_lineage, own_range, version_of
@@ -90,6 +91,36 @@ def test_table_without_local_tier_keeps_evicted_dirty_entries(tmp_path):
     assert {r.ukey for r in table.render(frozen, lambda sid, v: None)} == {b"a", b"b"}
     table.release(frozen)
     assert table.get(1, b"b", 0).value is None, "released: only the store could answer"
+    table.close()
+    store.close()
+
+
+def test_a_prefix_states_index_is_built_at_its_first_scan_and_kept_after(tmp_path):
+    """Tier 1 indexes a prefix state's entries only once the state is scanned (a map's
+    iteration): a state never scanned costs no index upkeep, and the first scan, built from
+    tier 1's keys, sees the same entries as later scans kept up to date."""
+    store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path}/s.sqlite", namespace="t"))
+    table = TieredTable(store, 4, LocalTier(str(tmp_path / "rocks")))
+    table.prefix_states.update({1, 2})
+
+    def ukey(user: str, map_key: str) -> bytes:
+        return encode_key(user) + encode_key(map_key)
+
+    def scan(state_id: int, user: str) -> list[bytes]:
+        return [u for u, e in table.scan_prefix(state_id, 0, encode_key(user))
+                if e.value is not None]
+    for state_id in (1, 2):
+        for map_key in ("a", "b", "c"):
+            table.put(state_id, ukey("u", map_key), 0, map_key.encode())
+    assert table._index == {}, "no state scanned yet: nothing indexed"
+    assert scan(1, "u") == [ukey("u", k) for k in "abc"]  # tiers 1 and 2 together
+    table.put(1, ukey("u", "d"), 0, b"d")   # indexed on entry ...
+    table.put(1, ukey("v", "a"), 0, b"va")
+    table.put(1, ukey("u", "a"), 0, None)   # ... and a deletion seen by the next scan
+    assert scan(1, "u") == [ukey("u", k) for k in "bcd"]
+    assert scan(1, "v") == [ukey("v", "a")]
+    assert {s for s, _ in table._index} == {1}, "state 2 was never scanned"
+    assert scan(2, "u") == [ukey("u", k) for k in "abc"]
     table.close()
     store.close()
 
