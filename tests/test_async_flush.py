@@ -949,6 +949,8 @@ def test_the_writer_sleeps_as_long_as_the_cpu_time_it_used_since_its_last_yield(
     monkeypatch.setattr(writer_module.time, "thread_time", lambda: next(cpu))
     monkeypatch.setattr(writer_module.time, "sleep", slept.append)
     writer = BackgroundWriter("pace", 1 << 20)
+    # The pause waits on the close event (a close ends it), the plain yield sleeps 0.
+    monkeypatch.setattr(writer._closing, "wait", lambda s: slept.append(s) or False)
     writer._cpu_mark = 9.99
     writer.check_cancelled()  # 10 ms of CPU since the mark
     writer.check_cancelled()  # 4 ms
@@ -957,6 +959,34 @@ def test_the_writer_sleeps_as_long_as_the_cpu_time_it_used_since_its_last_yield(
     assert slept == pytest.approx([0.01 * writer_module.WRITER_PACE,
                                    0.004 * writer_module.WRITER_PACE,
                                    writer_module.MAX_PACE_SLEEP_S, 0])
+
+
+def test_a_close_ends_the_writers_pacing_pause_at_once(monkeypatch):
+    """A cancelled task's close waits for the writer (Flink deploys the next attempt
+    after it): a pause of the writer's pacing ends when the close comes, and the job stops
+    there, instead of sleeping its pause out first."""
+    from pyflink_ndb.checkpoint import writer as writer_module
+    from pyflink_ndb.checkpoint.writer import BackgroundWriter, WriteCancelled
+
+    writer = BackgroundWriter("pace-close", 1 << 20)
+    writer._cpu_mark = -1.0  # a second of CPU on the new thread's clock: the longest pause
+    outcome: list[object] = []
+
+    def pace() -> None:
+        started = time.perf_counter()
+        try:
+            writer.check_cancelled()
+            outcome.append("no cancel")
+        except WriteCancelled:
+            outcome.append(time.perf_counter() - started)
+    monkeypatch.setattr(writer_module, "MAX_PACE_SLEEP_S", 5.0)
+    thread = threading.Thread(target=pace)
+    thread.start()
+    time.sleep(0.1)
+    writer.close()
+    thread.join(2)
+    assert not thread.is_alive() and len(outcome) == 1
+    assert isinstance(outcome[0], float) and outcome[0] < 1.0, outcome
 
 
 # -- 11. closing a subtask does not wait for background work (found by bench part 8) ------------

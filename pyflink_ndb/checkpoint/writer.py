@@ -151,6 +151,9 @@ class BackgroundWriter:
         self.waited_s = 0.0
         #: The writer thread's CPU time at its last yield (see :data:`WRITER_PACE`).
         self._cpu_mark = 0.0
+        #: Set by :meth:`close`: ends a pacing sleep at once (a cancelled task's close
+        #: waits for the writer, and Flink deploys the next attempt only after it).
+        self._closing = threading.Event()
 
     # -- task thread ----------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -290,6 +293,7 @@ class BackgroundWriter:
         :data:`CLOSE_WAIT_SECONDS` for it. Idempotent."""
         with self._cv:
             self._s.closing = True
+            self._closing.set()
             dropped = list(self._s.queue)
             self._s.queue.clear()
             self._s.foreground_queued = 0
@@ -321,7 +325,11 @@ class BackgroundWriter:
         if running is not None and running.preemptible and self._s.foreground_queued:
             raise Preempted(running.name)
         used = time.thread_time() - self._cpu_mark
-        time.sleep(min(used * WRITER_PACE, MAX_PACE_SLEEP_S) if used > 0 else 0)
+        pause = min(used * WRITER_PACE, MAX_PACE_SLEEP_S) if used > 0 else 0.0
+        if pause <= 0:
+            time.sleep(0)  # a yield of the GIL
+        elif self._closing.wait(pause):  # a close ends the pause
+            raise WriteCancelled(self.name)
         self._cpu_mark = time.thread_time()
 
     def check_closing(self) -> None:
