@@ -6,19 +6,23 @@ tested with the render process (tests/test_render_process.py, `CHILD_OPTIONS`)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import drop_namespace, unique_namespace
 from pyflink.common import Types
 from pyflink.datastream.state import ValueStateDescriptor
+from tcp_proxy import TcpProxy, proxied_mysql_url
 from test_render_process import _fill, _options, _rows, _run, namespaces  # noqa: F401
 
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, FencedError
 from pyflink_ndb.stores.factory import open_store
+from pyflink_ndb.stores.mysql import parse_mysql_url
 from pyflink_ndb.stores.render_process import RenderProcess
 from pyflink_ndb.testing import LocalSubtask
 
@@ -46,6 +50,19 @@ def _restored_value(url: str, sub: LocalSubtask, tmp_path: Path, checkpoint_id: 
         return out
     finally:
         restored.close()
+
+
+@contextlib.contextmanager
+def _proxied_namespace(mysql_url: str) -> Iterator[tuple[TcpProxy, str, str]]:
+    """A loopback proxy in front of the test server and a fresh namespace, dropped after:
+    yields (the proxy, the server's URL through it, the namespace)."""
+    server = parse_mysql_url(mysql_url)
+    ns = unique_namespace("wp")
+    try:
+        with TcpProxy(server["host"], server["port"]) as proxy:
+            yield proxy, proxied_mysql_url(server, proxy), ns
+    finally:
+        drop_namespace(mysql_url, ns)
 
 
 def _process_options(url: str, made: list[str]) -> NdbStateOptions:
@@ -186,38 +203,28 @@ def test_a_close_while_a_stopped_child_holds_the_write_leaves_no_visible_epoch(
 
 def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_everything(
         mysql_url: str, tmp_path: Path) -> None:
-    from tcp_proxy import TcpProxy, proxied_mysql_url
-
-    from pyflink_ndb.stores.mysql import parse_mysql_url
-
-    server = parse_mysql_url(mysql_url)
-    ns = unique_namespace("wp")
-    try:
-        with TcpProxy(server["host"], server["port"]) as proxy:
-            url = proxied_mysql_url(server, proxy)
-            options = _options(url, ns, write_process=True, db_socket_timeout_ms=1500,
-                               db_retry_deadline_ms=1500, db_retry_max_attempts=2,
-                               checkpoints_retained=8)
-            keys = [f"k{i}" for i in range(40)]
-            sub, value = _checkpointed(options, tmp_path / "u", keys)
-            process = sub.backend.protocol.render_process
-            assert process is not None and process.written_epochs == 1
-            for key in keys:
-                sub.key(key)
-                value.update("two")
-            proxy.set_black_hole(True)
-            proxy.cut_connections()
-            with pytest.raises(CheckpointError, match="could not be written"):
-                sub.snapshot(2)
-            assert process.fallbacks == 0  # the child reported it: not its own failure
-            assert sub.backend.protocol.entries_taken_back == len(keys)
-            proxy.set_black_hole(False)
-            sub.checkpoint(3)
-            assert process.written_epochs == 2
-            sub.close()
-            assert _restored_value(url, sub, tmp_path, 3, keys) == {k: "two" for k in keys}
-    finally:
-        drop_namespace(mysql_url, ns)
+    with _proxied_namespace(mysql_url) as (proxy, url, ns):
+        options = _options(url, ns, write_process=True, db_socket_timeout_ms=1500,
+                           db_retry_deadline_ms=1500, db_retry_max_attempts=2,
+                           checkpoints_retained=8)
+        keys = [f"k{i}" for i in range(40)]
+        sub, value = _checkpointed(options, tmp_path / "u", keys)
+        process = sub.backend.protocol.render_process
+        assert process is not None and process.written_epochs == 1
+        for key in keys:
+            sub.key(key)
+            value.update("two")
+        proxy.set_black_hole(True)
+        proxy.cut_connections()
+        with pytest.raises(CheckpointError, match="could not be written"):
+            sub.snapshot(2)
+        assert process.fallbacks == 0  # the child reported it: not its own failure
+        assert sub.backend.protocol.entries_taken_back == len(keys)
+        proxy.set_black_hole(False)
+        sub.checkpoint(3)
+        assert process.written_epochs == 2
+        sub.close()
+        assert _restored_value(url, sub, tmp_path, 3, keys) == {k: "two" for k in keys}
 
 
 @pytest.mark.parametrize("errno", [1040, 1203])  # max_connections, max_user_connections
@@ -229,37 +236,27 @@ def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer
     MySQL server") although the writer's own connection worked."""
     import logging
 
-    from tcp_proxy import TcpProxy, proxied_mysql_url
-
-    from pyflink_ndb.stores.mysql import parse_mysql_url
-
-    server = parse_mysql_url(mysql_url)
-    ns = unique_namespace("wp")
-    try:
-        with TcpProxy(server["host"], server["port"]) as proxy:
-            url = proxied_mysql_url(server, proxy)
-            options = _options(url, ns, write_process=True, checkpoints_retained=8)
-            sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "l"))
-            value = _value(sub)
-            proxy.limit_connections(proxy.connections, errno)  # those open now, no more
-            keys = [f"k{i}" for i in range(20)]
-            with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
-                for checkpoint_id in (1, 2, 3, 4, 5):
-                    for key in keys:
-                        sub.key(key)
-                        value.update(checkpoint_id)
-                    sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
-            process = sub.backend.protocol.render_process
-            assert proxy.refused >= 3 and process is not None
-            assert process.written_epochs == 0 and not process.usable  # 3 tries, then off
-            assert sub.backend.protocol.epochs_failed == 0
-            said = caplog.text
-            assert "too many connections" in said and "Start the MySQL server" not in said
-            sub.close()
-            proxy.limit_connections(None)
-            assert _restored_value(url, sub, tmp_path, 5, keys) == {k: 5 for k in keys}
-    finally:
-        drop_namespace(mysql_url, ns)
+    with _proxied_namespace(mysql_url) as (proxy, url, ns):
+        options = _options(url, ns, write_process=True, checkpoints_retained=8)
+        sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "l"))
+        value = _value(sub)
+        proxy.limit_connections(proxy.connections, errno)  # those open now, no more
+        keys = [f"k{i}" for i in range(20)]
+        with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
+            for checkpoint_id in (1, 2, 3, 4, 5):
+                for key in keys:
+                    sub.key(key)
+                    value.update(checkpoint_id)
+                sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
+        process = sub.backend.protocol.render_process
+        assert proxy.refused >= 3 and process is not None
+        assert process.written_epochs == 0 and not process.usable  # 3 tries, then off
+        assert sub.backend.protocol.epochs_failed == 0
+        said = caplog.text
+        assert "too many connections" in said and "Start the MySQL server" not in said
+        sub.close()
+        proxy.limit_connections(None)
+        assert _restored_value(url, sub, tmp_path, 5, keys) == {k: 5 for k in keys}
 
 
 # -- a real job ---------------------------------------------------------------------------
@@ -327,35 +324,25 @@ def test_the_childs_retry_warnings_reach_the_writers_log_not_an_inherited_stderr
     by the writer."""
     import logging
 
-    from tcp_proxy import TcpProxy, proxied_mysql_url
-
-    from pyflink_ndb.stores.mysql import parse_mysql_url
-
-    server = parse_mysql_url(mysql_url)
-    ns = unique_namespace("wp")
-    try:
-        with TcpProxy(server["host"], server["port"]) as proxy:
-            url = proxied_mysql_url(server, proxy)
-            options = _options(url, ns, write_process=True, checkpoints_retained=8)
-            sub, value = _checkpointed(options, tmp_path / "l", ["a", "b"])
-            process = sub.backend.protocol.render_process
-            assert process is not None and process.pid is not None
-            assert os.readlink(f"/proc/{process.pid}/fd/2") == "/dev/null"
-            proxy.cut_connections()  # the child's idle connection is gone
-            for key in ("a", "b"):
-                sub.key(key)
-                value.update("two")
-            with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
-                sub.checkpoint(2)
-            lines = [r.getMessage() for r in caplog.records if "write process: " in r.getMessage()]
-            assert any("failed at" in line and "retrying" in line for line in lines), \
-                caplog.text
-            assert process.fallbacks == 0 and process.written_epochs == 2
-            sub.close()
-            assert _restored_value(url, sub, tmp_path, 2, ["a", "b"]) == {"a": "two",
-                                                                        "b": "two"}
-    finally:
-        drop_namespace(mysql_url, ns)
+    with _proxied_namespace(mysql_url) as (proxy, url, ns):
+        options = _options(url, ns, write_process=True, checkpoints_retained=8)
+        sub, value = _checkpointed(options, tmp_path / "l", ["a", "b"])
+        process = sub.backend.protocol.render_process
+        assert process is not None and process.pid is not None
+        assert os.readlink(f"/proc/{process.pid}/fd/2") == "/dev/null"
+        proxy.cut_connections()  # the child's idle connection is gone
+        for key in ("a", "b"):
+            sub.key(key)
+            value.update("two")
+        with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
+            sub.checkpoint(2)
+        lines = [r.getMessage() for r in caplog.records if "write process: " in r.getMessage()]
+        assert any("failed at" in line and "retrying" in line for line in lines), \
+            caplog.text
+        assert process.fallbacks == 0 and process.written_epochs == 2
+        sub.close()
+        assert _restored_value(url, sub, tmp_path, 2, ["a", "b"]) == {"a": "two",
+                                                                    "b": "two"}
 
 
 def test_a_pickled_store_has_no_connection_and_no_counter(mysql_url: str) -> None:
