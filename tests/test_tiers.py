@@ -26,6 +26,30 @@ def test_lru_hands_evicted_entries_to_the_callback():
     assert set(cache) == {"a", "c"}
 
 
+def test_lru_recency_rules():
+    """get() and [] count as uses; `in`, keys() and a rewrite of a held key evict nothing
+    and only the rewrite counts as a use; the entry being inserted is never evicted."""
+    evicted = []
+    cache = WriteBackLRU(3, lambda k, v: evicted.append(k))
+    for key in "abc":
+        cache[key] = key.upper()
+    assert cache.get("a") == "A"  # order now b, c, a
+    assert "b" in cache and list(cache.keys()) == ["b", "c", "a"]  # no use
+    assert cache.get("missing") is None and cache.get("missing", 0) == 0
+    cache["b"] = "B2"  # a held key: no eviction, becomes the most recent
+    assert evicted == [] and len(cache) == 3
+    cache["d"] = "D"
+    assert evicted == ["c"]
+    assert cache["a"] == "A"
+    cache["e"] = "E"
+    assert evicted == ["c", "b"]
+    assert list(cache) == ["d", "a", "e"]
+    one = WriteBackLRU(1, lambda k, v: evicted.append(k))
+    one["x"] = 1
+    one["y"] = 2
+    assert evicted[-1] == "x" and list(one) == ["y"]
+
+
 def test_local_tier_round_trip_prefix_scan_and_empty_on_open(tmp_path):
     path = str(tmp_path / "rocks")
     local = LocalTier(path)

@@ -110,6 +110,8 @@ class TieredTable:
         self.local = local
         self.prefix_states: set[int] = set()
         self._cache = WriteBackLRU(cache_max_entries, self._evicted)
+        #: Tier 1's ordered dict (:attr:`WriteBackLRU.data`), for the hot paths.
+        self._tier1 = self._cache.data
         #: The current epoch's dirty entries: content, or None when evicted to tier 2.
         self._dirty: dict[EntryId, Entry | None] = {}
         self._dirty_bytes = 0
@@ -214,9 +216,19 @@ class TieredTable:
                     break
 
     def _cache_put(self, eid: EntryId, entry: Entry) -> None:
-        if eid[0] in self._indexed and eid not in self._cache:
+        """Put `entry` into tier 1 as its most recently used entry (what
+        `self._cache[eid] = entry` does, inlined: this runs for every put and every read
+        that tier 1 missed)."""
+        tier1 = self._tier1
+        if eid in tier1:
+            tier1[eid] = entry
+            tier1.move_to_end(eid)
+            return
+        if eid[0] in self._indexed:
             self._index_add(eid)
-        self._cache[eid] = entry
+        while len(tier1) >= self._cache.maxsize:
+            self._cache.popitem()
+        tier1[eid] = entry
 
     def _indexed_members(self, state_id: int, prefix: bytes) -> list[bytes]:
         """The ukeys of `state_id` with `prefix` that tier 1 holds, sorted. The state's
@@ -254,8 +266,10 @@ class TieredTable:
         """The entry as tiers 1-2 (or an epoch in flight) know it, or "no value" where the
         store holds nothing; None when only the store can answer. Counts the hit, and puts
         what the lower tiers answered into tier 1."""
-        entry = self._cache.get(eid)
+        tier1 = self._tier1
+        entry = tier1.get(eid)
         if entry is not None:
+            tier1.move_to_end(eid)
             self.tier1_hits += 1
             return entry
         entry = self._lower(eid)
@@ -591,6 +605,7 @@ class TieredTable:
         """Forget everything in tiers 1-2 (restore, truncate); the dirty set too."""
         # A fresh LRU: clearing the old one would evict (write back) every entry.
         self._cache = WriteBackLRU(int(self._cache.maxsize), self._evicted)
+        self._tier1 = self._cache.data
         self._index.clear()
         self._spilled = set()
         self._dirty = {}
@@ -607,5 +622,6 @@ class TieredTable:
         """Drop tier 1 without writing it back, and destroy tier 2 (`wait` False: in a
         thread of its own, see :meth:`LocalTier.destroy`)."""
         self._cache = WriteBackLRU(int(self._cache.maxsize), self._evicted)
+        self._tier1 = self._cache.data
         if self.local is not None:
             self.local.destroy(wait)
