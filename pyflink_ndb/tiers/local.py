@@ -20,6 +20,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteOptions
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">bhq")  # has_value, key_group, expires_at_ms (-1 = none)
+_pack_header = _HEADER.pack
 
 
 def pack(value: bytes | None, key_group: int, expires_at_ms: int | None) -> bytes:
@@ -68,13 +69,17 @@ class LocalTier:
         return self._db.snapshot()
 
     def get(self, state_id: int, ukey: bytes) -> tuple[bytes | None, int, int | None] | None:
-        data = self._db.get(self._key(state_id, ukey))
+        data = self._db.get(state_id.to_bytes(4, "big") + ukey)  # key_of, inlined
         return None if data is None else unpack(data)
 
     def put(self, state_id: int, ukey: bytes, value: bytes | None, key_group: int,
             expires_at_ms: int | None) -> None:
         self._written = True
-        self._db[self._key(state_id, ukey)] = pack(value, key_group, expires_at_ms)
+        # key_of and pack, inlined (a put per eviction from tier 1).
+        header = _pack_header(0 if value is None else 1, key_group,
+                              -1 if expires_at_ms is None else expires_at_ms)
+        self._db[state_id.to_bytes(4, "big") + ukey] = \
+            header if value is None else header + value
 
     def delete(self, state_id: int, ukey: bytes) -> None:
         del self._db[self._key(state_id, ukey)]

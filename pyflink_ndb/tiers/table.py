@@ -59,6 +59,12 @@ class Entry(NamedTuple):
     in_tier2: bool = False
 
 
+#: `_new_entry(Entry, (value, key_group, expires_at_ms, in_tier2))` makes an :class:`Entry`
+#: without the Python-level `__new__` of a named tuple (a third of the time; the hot paths
+#: make several per record).
+_new_entry: Any = tuple.__new__
+
+
 @dataclass(eq=False)
 class FrozenEpoch:
     """The dirty set of one snapshot, immutable once frozen.
@@ -197,15 +203,18 @@ class TieredTable:
                     del self._index[(eid[0], prefix)]
 
     def _evicted(self, eid: EntryId, entry: Entry) -> None:
-        self._index_drop(eid)
-        if self.local is not None:
-            if not entry.in_tier2:
+        if eid[0] in self._indexed:
+            self._index_drop(eid)
+        local = self.local
+        if local is not None:
+            value, key_group, expires_at_ms, in_tier2 = entry
+            if not in_tier2:
                 with self.local_lock:
-                    self.local.put(eid[0], eid[1], entry.value, entry.key_group,
-                                   entry.expires_at_ms)
+                    local.put(eid[0], eid[1], value, key_group, expires_at_ms)
                 self.tier2_writes += 1
-            if eid in self._dirty:
-                self._dirty[eid] = None  # the content now lives in tier 2
+            dirty = self._dirty
+            if eid in dirty:
+                dirty[eid] = None  # the content now lives in tier 2
                 self._dirty_in_local += 1
         elif eid in self._dirty:
             self._spilled.add(eid)
@@ -254,7 +263,7 @@ class TieredTable:
         if self.local is not None:
             found = self.local.get(eid[0], eid[1])
             if found is not None:
-                return Entry(*found, in_tier2=True)
+                return _new_entry(Entry, (*found, True))  # in_tier2
             return None  # tier 2 holds whatever tier 1 evicted, frozen epochs' entries too
         for frozen in reversed(self._frozen):
             entry = frozen.entries.get(eid)
@@ -272,6 +281,10 @@ class TieredTable:
             tier1.move_to_end(eid)
             self.tier1_hits += 1
             return entry
+        return self._below_tier1(eid, key_group)
+
+    def _below_tier1(self, eid: EntryId, key_group: int) -> Entry | None:
+        """:meth:`_from_tiers` for an entry that tier 1 does not hold."""
         entry = self._lower(eid)
         if entry is not None:
             self.tier2_hits += 1
@@ -281,7 +294,7 @@ class TieredTable:
                 self.key_filter is not None
                 and not self.key_filter.might_hold(key_group, eid[0], eid[1])):
             self.store_reads_saved += 1
-            entry = Entry(None, key_group, None)
+            entry = _new_entry(Entry, (None, key_group, None, False))
         else:
             return None
         self._cache_put(eid, entry)
@@ -297,7 +310,13 @@ class TieredTable:
     def get(self, state_id: int, ukey: bytes, key_group: int) -> Entry:
         """The entry, read from the first tier that knows it (cached in tier 1 after)."""
         eid = (state_id, ukey)
-        entry = self._from_tiers(eid, key_group)
+        tier1 = self._tier1
+        entry = tier1.get(eid)
+        if entry is not None:  # _from_tiers inlined: most reads end here
+            tier1.move_to_end(eid)
+            self.tier1_hits += 1
+            return entry
+        entry = self._below_tier1(eid, key_group)
         if entry is None:
             self.store_reads += 1
             if state_id not in self.prefix_states:
@@ -401,12 +420,23 @@ class TieredTable:
             :data:`MAX_UKEY_BYTES` (raised at the update, where the state and key are
             known; nothing is stored).
         """
-        self.check_entry(state_id, ukey, value)
+        size = ENTRY_OVERHEAD_BYTES + len(ukey)
+        if value is not None:
+            if self.value_max_bytes is not None and len(value) > self.value_max_bytes:
+                raise self._too_large(state_id, ukey, value)
+            size += len(value)
+        if len(ukey) > MAX_UKEY_BYTES:
+            raise self._too_large(state_id, ukey, value)
         eid = (state_id, ukey)
-        entry = Entry(value, key_group, expires_at_ms)
-        self._cache_put(eid, entry)
+        entry = _new_entry(Entry, (value, key_group, expires_at_ms, False))
+        tier1 = self._tier1
+        if eid in tier1:  # _cache_put inlined for the common case, a rewrite
+            tier1[eid] = entry
+            tier1.move_to_end(eid)
+        else:
+            self._cache_put(eid, entry)
         self._dirty[eid] = entry
-        self._dirty_bytes += ENTRY_OVERHEAD_BYTES + len(ukey) + (len(value) if value else 0)
+        self._dirty_bytes += size
 
     def check_entry(self, state_id: int, ukey: bytes, value: bytes | None) -> None:
         """:raises ValueTooLargeError: :meth:`put` would refuse this entry."""
