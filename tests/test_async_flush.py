@@ -1071,6 +1071,51 @@ def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
     r.close()
 
 
+@pytest.mark.mysql
+def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
+        store_factory, local_dir):
+    """A cancelled subtask's close does not wait for the database to answer the
+    statement in flight (Flink deploys the next attempt only once it is closed): here
+    garbage collection's read of versions waits 5 s in the server (`SLEEP(5)` on the
+    writer's own connection, as a read of cold pages or a lock wait would). The close
+    interrupts it, the interrupted read is not retried, and the restored attempt reads
+    the committed values."""
+    store = store_factory("mysql")
+    t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    protocol = t.backend.protocol
+    wstore = protocol.wstore
+    real = start_slow_collection(t, v)
+    in_server = threading.Event()
+    outcome: list[BaseException] = []
+
+    def read_in_a_slow_server(refs):
+        in_server.set()
+        try:
+            wstore._read("slow read", "SELECT SLEEP(5)")
+        except BaseException as err:
+            outcome.append(err)
+            raise
+        return real(refs)
+
+    wstore.read_versions = read_in_a_slow_server
+    assert in_server.wait(30), "the collection run read again"
+    time.sleep(0.2)  # in the server now
+    started = time.monotonic()
+    t.crash()
+    took = time.monotonic() - started
+    assert took < 1.0, f"the close waited {took:.2f} s for the statement"
+    assert not protocol.writer.alive
+    assert outcome and "error 2013" in str(outcome[0]), outcome
+    assert wstore.retries == 0, "an interrupted statement is not retried"
+    r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=2)
+    v = r.context.get_state(ValueStateDescriptor("v", ANY))
+    for i in (0, 1, 19_999):
+        r.key(i)
+        assert v.value() == -i
+    r.close()
+
+
 def test_a_checkpoint_job_preempts_a_preemptible_background_job_at_its_next_yield():
     """A preemptible background job (garbage collection) gives way at its next yield when
     a checkpoint's write or completion is queued; a background job that is not

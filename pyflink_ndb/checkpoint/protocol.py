@@ -731,7 +731,10 @@ class CheckpointProtocol:
             log.warning("pyflink-ndb %s/%d: the background writer did not finish its queue "
                         "at close; the rest is dropped", self.scope.operator,
                         self.scope.subtask_index)
-        self.writer.close()
+        # The writer's own connection (write.async) may be interrupted: no other thread
+        # uses it. The task thread's store (write.async false) is not.
+        self.writer.close(interrupt=self.wstore.interrupt if self.wstore is not self.store
+                          else None)
         if self.render_process is not None:
             self.render_process.close()
 

@@ -32,8 +32,10 @@ twice (`sqlite:///:memory:`).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds that :meth:`BackgroundWriter.close` waits for a running job to stop.
 CLOSE_WAIT_SECONDS = 10.0
+#: Seconds :meth:`BackgroundWriter.close` waits for a running job to reach its next
+#: cancellation point before it interrupts the statement in flight (when given a way to).
+INTERRUPT_AFTER_SECONDS = 0.05
 #: Seconds an idle writer thread lives on (a new one starts with the next job).
 IDLE_EXIT_SECONDS = 5.0
 #: The writer's pace: at each yield it sleeps this many times the CPU time it used since
@@ -287,10 +292,19 @@ class BackgroundWriter:
             jobs = list(self._s.queue) + ([self._s.running] if self._s.running else [])
             return any(j.checkpoint_id == checkpoint_id and j.fail_fast for j in jobs)
 
-    def close(self) -> list[Job]:
+    def close(self, interrupt: Callable[[], None] | None = None) -> list[Job]:
         """Stop: queued jobs are dropped (returned), a running one stops at its next
         statement boundary (:meth:`check_cancelled`); waits up to
-        :data:`CLOSE_WAIT_SECONDS` for it. Idempotent."""
+        :data:`CLOSE_WAIT_SECONDS` for it. Idempotent.
+
+        :param interrupt: ends the statement the running job has in flight (the writer's
+            :meth:`StateStore.interrupt`); called when the job has not stopped after
+            :data:`INTERRUPT_AFTER_SECONDS`, so that a statement the database is slow to
+            answer (a read of versions that are not in its buffer pool, a lock wait)
+            does not hold back Flink's deployment of the next attempt, which waits for
+            this close. None: wait for the statement. What it interrupts is lost the
+            same way as what a close drops: a write without its snapshot row is invisible,
+            a transaction in flight is rolled back."""
         with self._cv:
             self._s.closing = True
             self._closing.set()
@@ -299,7 +313,23 @@ class BackgroundWriter:
             self._s.foreground_queued = 0
             self._cv.notify_all()
             thread = self._thread
+            running = self._s.running
         if thread is not None and thread is not threading.current_thread():
+            thread.join(INTERRUPT_AFTER_SECONDS)
+            if thread.is_alive():
+                frame = sys._current_frames().get(thread.ident or -1)
+                where = "".join(traceback.format_stack(frame, limit=6)) if frame else "?"
+                log.info("pyflink-ndb: background writer %s still runs %s %.0f ms after "
+                         "close%s; it was at:\n%s", self.name,
+                         running.name if running is not None else "a job",
+                         INTERRUPT_AFTER_SECONDS * 1000,
+                         ": interrupting its statement" if interrupt is not None else "",
+                         where)
+                if interrupt is not None:
+                    try:
+                        interrupt()
+                    except Exception:  # the close goes on; the join below bounds it
+                        log.debug("interrupt of %s failed", self.name, exc_info=True)
             thread.join(CLOSE_WAIT_SECONDS)
             if thread.is_alive():
                 log.warning("pyflink-ndb: background writer %s still runs a statement %.0f s "

@@ -455,6 +455,17 @@ class StateStore(ABC):
             with contextlib.suppress(Exception):  # the driver may have closed it already
                 conn.close()
 
+    def interrupt(self) -> None:
+        """Close the store from another thread, ending a statement that is in flight on
+        its connection now instead of when the server answers (a cancelled subtask's
+        close, :meth:`BackgroundWriter.close`: Flink deploys the next attempt only once
+        the cancelled one has closed). The thread that runs the statement gets the
+        driver's error, which is no longer retried (the store is closed); a transaction
+        in flight is rolled back by the server when it sees the connection go. Call
+        :meth:`close` after, from any thread. The base store only marks itself closed:
+        its statements run to their end (SQLite's are local and short)."""
+        self._closed = True
+
     def _reconnect(self) -> None:
         old, self._conn = self._conn, None
         if old is not None:
@@ -508,7 +519,10 @@ class StateStore(ABC):
                 self._conn = self._connect()
             return unit()
         try:
-            return run_with_retries(first_connect_then, is_transient=self._is_transient,
+            return run_with_retries(first_connect_then,
+                                    # an interrupted (closed) store's errors are final
+                                    is_transient=lambda e: not self._closed
+                                    and self._is_transient(e),
                                     recover=self._reconnect, policy=self.retry_policy,
                                     what=what, where=self.describe(),
                                     on_retry=self._count_retry)

@@ -662,6 +662,17 @@ class MysqlStateStore(StateStore):
         """`host:port` of the server (for messages and `run_with_retries(where=...)`)."""
         return f"{self._args['host']}:{self._args['port']}"
 
+    def interrupt(self) -> None:
+        """See :meth:`StateStore.interrupt`: shuts the connection's socket down in both
+        directions, which wakes the thread blocked in its read of the server's answer
+        (pymysql raises "Lost connection", error 2013). A plain close of the socket would
+        not wake it: the driver's file object keeps the descriptor open."""
+        super().interrupt()
+        sock = getattr(self._conn, "_sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def _is_transient(self, err: BaseException) -> bool:
         """See :func:`is_transient_error`."""
         return is_transient_error(err)
