@@ -187,3 +187,27 @@ def test_closing_a_subtask_leaves_tier_2_cleanup_to_a_thread_of_its_own(tmp_path
         thread.join(30)
     assert not local.path.exists()
     store.close()
+
+
+def test_encode_key_memo_keeps_key_identity_and_is_bounded(monkeypatch):
+    """encode_key remembers exact int and str keys only: after 1 is remembered, True, 1.0
+    and the str "1" still encode as keys of their own; the memo empties when full, and
+    every answer equals a fresh encoding."""
+    from pyflink_ndb.serialization import keys
+
+    monkeypatch.setattr(keys, "KEY_MEMO_ENTRIES", 3)
+    monkeypatch.setattr(keys, "_KEY_MEMO", {})
+    # pairs, not a dict: 1, True and 1.0 are one dict key
+    fresh = [(k, bytes(keys._encode_to(k)))
+             for k in (1, True, 1.0, "1", 0, False, -0.0, 0.0, 2**70)]
+    assert len({want for _, want in fresh}) == len(fresh)
+    for _ in range(2):
+        for k, want in fresh:
+            assert encode_key(k) == want, k
+            assert keys.encode_map_key(k) == want, k
+    assert set(map(type, keys._KEY_MEMO)) <= {int, str}
+    assert all(type(k) is not bool for k in keys._KEY_MEMO)
+    assert len(keys._KEY_MEMO) <= 3
+    long_text = "x" * (keys.KEY_MEMO_MAX_CHARS + 1)
+    assert encode_key(long_text) == bytes(keys._encode_to(long_text))
+    assert long_text not in keys._KEY_MEMO

@@ -182,7 +182,29 @@ def encode_key(value: Any) -> bytes:
     :raises SerializationError: the type is not supported as a key, or its containers are
         nested more than :data:`MAX_KEY_DEPTH` levels deep.
     """
+    kind = type(value)
+    if kind is int or (kind is str and len(value) <= KEY_MEMO_MAX_CHARS):
+        # Remembered: a job's keys recur (the current key of every record, a map's keys).
+        # Only exact ints and strs: equal ones have equal bytes, and no int equals a str
+        # (1, 1.0 and True are equal in a dict but three keys here: floats and bools are
+        # never remembered).
+        found = _KEY_MEMO.get(value)
+        if found is None:
+            found = bytes(_encode_to(value))
+            if len(_KEY_MEMO) >= KEY_MEMO_ENTRIES:
+                _KEY_MEMO.clear()
+            _KEY_MEMO[value] = found
+        return found
     return bytes(_encode_to(value))
+
+
+#: Encoded int and str keys by key, for :func:`encode_key`; emptied when it holds
+#: :data:`KEY_MEMO_ENTRIES` (no LRU bookkeeping on a hit). Shared by the subtasks of the
+#: process (dict operations are atomic under the interpreter lock).
+_KEY_MEMO: dict[int | str, bytes] = {}
+KEY_MEMO_ENTRIES = 16_384
+#: Longer strs are encoded every time (the memo holds small keys only).
+KEY_MEMO_MAX_CHARS = 128
 
 
 def encode_map_key(value: Any) -> bytes:
@@ -192,6 +214,9 @@ def encode_map_key(value: Any) -> bytes:
     :raises SerializationError: the type is not supported as a key, or the key is nested
         more than :data:`MAX_KEY_DEPTH` containers deep.
     """
+    kind = type(value)
+    if kind is int or kind is str:
+        return encode_key(value)  # hashable and flat
     # Encoded first: hashing a tuple nested a million levels deep overflows the C stack
     # (CPython's tuple hash recurses without a limit), while the encoder stops at the
     # depth limit; a key it encoded is shallow enough to hash, as a dict would.
