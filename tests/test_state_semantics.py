@@ -701,6 +701,31 @@ def test_a_short_list_stays_one_segment_across_checkpoints(h: Harness) -> None:
     assert h.list().get() == expected and _segments(h) == 1
 
 
+def test_list_heads_read_through_a_small_memo(h: Harness, monkeypatch) -> None:
+    """The decoded heads are remembered by their bytes (a memo of 2 here, emptied when
+    full): lists of several keys whose heads change every checkpoint read back exactly."""
+    from pyflink_ndb.state import list as list_state
+
+    monkeypatch.setattr(list_state, "SMALL_SEGMENT_BYTES", 0)
+    monkeypatch.setattr(list_state, "HEAD_MEMO_ENTRIES", 2)
+    monkeypatch.setattr(list_state, "_HEADS", {})
+    expected: dict[str, list[int]] = {f"k{i}": [] for i in range(5)}
+    for cp in range(6):
+        for n, key in enumerate(expected):
+            if n > cp:
+                continue  # keys start at different checkpoints: heads differ
+            h.key(key)
+            h.list().add(cp)
+            expected[key].append(cp)
+            assert _segments(h) == cp - n + 1, (key, cp)
+        h.checkpoint()
+        assert len(list_state._HEADS) <= 2
+    h.maybe_restart()
+    for key, values in expected.items():
+        h.key(key)
+        assert h.list().get() == values, key
+
+
 def test_a_long_list_opens_a_new_segment_once_the_newest_is_large(h: Harness) -> None:
     from pyflink_ndb.state.list import SMALL_SEGMENT_BYTES
 

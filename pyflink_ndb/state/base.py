@@ -56,6 +56,9 @@ class TieredState:
         self._clock = backend.clock_ms
         self.name = stable_state_name(descriptor.get_name())
         self._ttl = TtlPolicy(descriptor)
+        #: The policy's fields, read on every state call (one attribute lookup, not two).
+        self._ttl_ms = self._ttl.ttl_ms
+        self._refresh_on_read = self._ttl.refresh_on_read
         self._state_id = backend.register_state(
             self.name, self.kind, self._ttl.ttl_ms, prefix_keyed=self.prefix_keyed,
             json_of=self._json_of())
@@ -75,15 +78,19 @@ class TieredState:
 
         :raises RuntimeError: no current key (outside a record or timer).
         """
-        key_bytes, key_group = self._backend.require_key()
-        return key_bytes + self._namespace, key_group
+        backend = self._backend
+        key_bytes = backend.current_key_bytes
+        if key_bytes is None:
+            key_bytes, _ = backend.require_key()  # raises: no current key
+        return key_bytes + self._namespace, backend.current_key_group
 
     def _json_of(self) -> JsonRenderer:
         """How this state's stored values are rendered for the JSON column."""
         return PLAIN_JSON
 
     def _expiry(self) -> int | None:
-        return None if self._ttl.ttl_ms is None else self._clock() + self._ttl.ttl_ms
+        ttl_ms = self._ttl_ms
+        return None if ttl_ms is None else self._clock() + ttl_ms
 
     def _live(self, entry: Entry) -> bool:
         return entry.value is not None and (
@@ -91,13 +98,14 @@ class TieredState:
 
     def _read(self, ukey: bytes, key_group: int) -> bytes | None:
         """The live value bytes of an entry of the current key (TTL applied), or None."""
-        entry = self._table.get(self._state_id, ukey, key_group)
-        if not self._live(entry):
+        value, _, expires_at_ms, _ = self._table.get(self._state_id, ukey, key_group)
+        if value is None or (expires_at_ms is not None and expires_at_ms <= self._clock()):
             return None
-        if self._ttl.refresh_on_read:
-            self._table.put(self._state_id, ukey, key_group, entry.value, self._expiry())
-        return entry.value
+        if self._refresh_on_read:
+            self._table.put(self._state_id, ukey, key_group, value, self._expiry())
+        return value
 
     def _write(self, ukey: bytes, key_group: int, value: bytes | None) -> None:
+        ttl_ms = self._ttl_ms
         self._table.put(self._state_id, ukey, key_group, value,
-                        None if value is None else self._expiry())
+                        None if value is None or ttl_ms is None else self._clock() + ttl_ms)
