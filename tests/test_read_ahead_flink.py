@@ -73,7 +73,8 @@ class Counting(KeyedProcessFunction):
     def close(self) -> None:
         table = self.backend.table
         with open(self.report, "a") as out:
-            out.write(f"{table.read_ahead_queries} {table.read_ahead_entries}\n")
+            sizes = ",".join(map(str, self.backend.read_ahead_bundle_sizes))
+            out.write(f"{table.read_ahead_queries} {table.read_ahead_entries} {sizes}\n")
 
 
 def run(options: dict[str, str], first_ts: int, report: Path,
@@ -135,8 +136,13 @@ def test_resumed_job_reads_ahead_and_keeps_record_and_timer_order(kind, tmp_path
         assert count >= PER_KEY + covered, \
             f"timer {timestamp} of {key} fired before the records its watermark covers"
 
-    queries, entries = map(sum, zip(*(map(int, line.split()) for line in
-                                      (tmp_path / "second.txt").read_text().splitlines()),
-                                    strict=True))
+    reports = [line.split() for line in (tmp_path / "second.txt").read_text().splitlines()]
+    queries = sum(int(r[0]) for r in reports)
+    entries = sum(int(r[1]) for r in reports)
     assert queries >= 1 and entries >= KEYS // 2, (queries, entries)
     assert entries / queries > 5, "bundles were read in multi-row queries"
+    for report in reports:  # each subtask's bundles start at 1 record and double up to 50
+        sizes = [int(n) for n in report[2].split(",")]
+        assert sizes[0] == 1, sizes
+        assert all(n <= min(2 ** i, 50) for i, n in enumerate(sizes)), sizes
+        assert max(sizes) > 8, sizes

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 #: Keys whose key group a subtask remembers (at least; twice `cache.max-entries` when that
 #: is more): a key met again after its memo was emptied costs one call into Java.
 KEY_GROUP_MEMO_ENTRIES = 100_000
+#: Read-ahead bundles whose sizes a subtask keeps (diagnostics, tests).
+FIRST_BUNDLES_KEPT = 16
 
 
 class KeyGroupOracle(Protocol):
@@ -151,6 +153,9 @@ class SubtaskStateBackend:
             #: The table's point reads of the store when :meth:`read_ahead` last ran
             #: (None: it never ran).
             self._store_reads_at_read_ahead: int | None = None
+            #: The records of the first :data:`FIRST_BUNDLES_KEPT` read-ahead bundles, in
+            #: order (the bridge starts with 1 and doubles up to `read-ahead.records`).
+            self.read_ahead_bundle_sizes: list[int] = []
             self.current_key: Any = None
             self.current_key_bytes: bytes | None = None
             self.current_key_group = -1
@@ -277,6 +282,8 @@ class SubtaskStateBackend:
         record_key = self._record_key
         if record_key is None:
             return 0
+        if len(self.read_ahead_bundle_sizes) < FIRST_BUNDLES_KEPT:
+            self.read_ahead_bundle_sizes.append(len(key_groups))
         keys: list[tuple[bytes, int]] = []
         for record, key_group in zip(records, key_groups, strict=True):
             key_bytes = encode_key(record_key(record))

@@ -14,7 +14,13 @@ import java.util.List;
  * long). When Python reports that a bundle saved nothing ({@link #observe} with 0), the next
  * {@link #FIRST_PASS_THROUGH} records pass straight through, then twice as many after each further
  * bundle that saved nothing, up to {@link #MAX_PASS_THROUGH}; a bundle that saved reads resets it.
- * Not thread-safe: used only from the task (mailbox) thread.
+ *
+ * <p>The bundles start small and double up to the capacity (1, 2, 4, ... records): the first
+ * record after a restore waits only for its own read, not for a whole bundle to arrive and be
+ * read from a database whose pages are cold (issue 9, failure → first record), and the few
+ * small bundles cost a handful of queries more.
+ *
+ * <p>Not thread-safe: used only from the task (mailbox) thread.
  */
 final class ReadAhead<T> {
 
@@ -28,6 +34,9 @@ final class ReadAhead<T> {
 
     /** Changes with each {@link #take}: a wait timer of an earlier bundle finds it changed. */
     private long generation;
+
+    /** Records that fill the current bundle: 1 at first, doubled after each bundle. */
+    private int target = 1;
 
     private int passThroughLeft;
     private int nextPassThrough = FIRST_PASS_THROUGH;
@@ -57,7 +66,7 @@ final class ReadAhead<T> {
     }
 
     boolean isFull() {
-        return buffered.size() >= capacity;
+        return buffered.size() >= Math.min(target, capacity);
     }
 
     boolean isEmpty() {
@@ -71,6 +80,7 @@ final class ReadAhead<T> {
     /** The bundle, in arrival order; the buffer starts a new one. */
     List<StreamRecord<T>> take() {
         generation++;
+        target = (int) Math.min(2L * target, capacity);
         List<StreamRecord<T>> out = buffered;
         buffered = new ArrayList<>(capacity);
         return out;
