@@ -211,3 +211,20 @@ def test_encode_key_memo_keeps_key_identity_and_is_bounded(monkeypatch):
     long_text = "x" * (keys.KEY_MEMO_MAX_CHARS + 1)
     assert encode_key(long_text) == bytes(keys._encode_to(long_text))
     assert long_text not in keys._KEY_MEMO
+
+
+def test_local_tier_get_before_and_after_the_first_put(tmp_path):
+    """A tier 2 never written answers every get with None without asking RocksDB; the
+    first put (of a value or of "no value") makes gets ask it, and a clear empties it."""
+    local = LocalTier(str(tmp_path / "rocks"))
+    assert local.get(7, b"k") is None
+    local.put(7, b"absent", None, 2, None)
+    assert local.get(7, b"absent") == (None, 2, None)
+    local.put(7, b"k", b"v" * 300, 3, 1234)
+    assert local.get(7, b"k") == (b"v" * 300, 3, 1234)
+    assert local.get(8, b"k") is None
+    local.clear()
+    assert local.get(7, b"k") is None
+    local.put(7, b"k", b"again", 4, None)
+    assert local.get(7, b"k") == (b"again", 4, None)
+    local.destroy()

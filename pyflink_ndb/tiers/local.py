@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">bhq")  # has_value, key_group, expires_at_ms (-1 = none)
 _pack_header = _HEADER.pack
+_unpack_header = _HEADER.unpack_from
+_HEADER_SIZE = _HEADER.size
 
 
 def pack(value: bytes | None, key_group: int, expires_at_ms: int | None) -> bytes:
@@ -69,8 +71,14 @@ class LocalTier:
         return self._db.snapshot()
 
     def get(self, state_id: int, ukey: bytes) -> tuple[bytes | None, int, int | None] | None:
+        if not self._written:
+            return None  # nothing was ever put: a RocksDB lookup would find nothing
         data = self._db.get(state_id.to_bytes(4, "big") + ukey)  # key_of, inlined
-        return None if data is None else unpack(data)
+        if data is None:
+            return None
+        has_value, key_group, expires = _unpack_header(data)  # unpack, inlined
+        return (data[_HEADER_SIZE:] if has_value else None, key_group,
+                None if expires < 0 else expires)
 
     def put(self, state_id: int, ukey: bytes, value: bytes | None, key_group: int,
             expires_at_ms: int | None) -> None:

@@ -235,8 +235,9 @@ class TieredTable:
             return
         if eid[0] in self._indexed:
             self._index_add(eid)
-        while len(tier1) >= self._cache.maxsize:
-            self._cache.popitem()
+        maxsize = self._cache.maxsize
+        while len(tier1) >= maxsize:  # WriteBackLRU.popitem, inlined
+            self._evicted(*tier1.popitem(last=False))
         tier1[eid] = entry
 
     def _indexed_members(self, state_id: int, prefix: bytes) -> list[bytes]:
