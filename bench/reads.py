@@ -346,6 +346,23 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
             cur.execute(sql, params)
             return list(cur.fetchall())
 
+        versions_sql = views.versions_read_query(namespace)
+        check_sql = views.committed_query(namespace)
+        pairs = {kg: list(zip(v[0::2], v[1::2], strict=True)) for kg, v in by_group.items()}
+        validated = [0]
+
+        def fetch_validated(sql: str, params: Sequence[Any]) -> list[Any]:
+            """A read of every version, the pick of the ranges' one, and every
+            VALIDATE_EVERY reads the check that `committed` has not moved (in the time)."""
+            cur.execute(sql, params)
+            row = views.newest_in_ranges(cur.fetchall(), pairs[params[0]])
+            validated[0] += 1
+            if validated[0] % VALIDATE_EVERY == 0:
+                cur.execute(check_sql, (OPERATOR,))
+                if cur.fetchone()[0] != committed:
+                    raise RuntimeError("committed moved while nothing ran: not a bench")
+            return [] if row is None else [row]
+
         cli_text, cli_params = store.committed_sql(OPERATOR)
         cli_pk = (f"SELECT q.version, q.vjson FROM ({store._sql(cli_text)}) q WHERE "
                   "q.key_group = %s AND q.state_name = %s AND q.ukey = %s")
@@ -369,6 +386,12 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
                                "`NS_committed_ranges`",
              lambda i: (ranges_pk, [OPERATOR, kgs[i], value_id, ukeys[i]]),
              lambda i, r: not r[0][1] and expect_value(i, r[0][2]), ("s",), reads),
+            ("pk_versions", "state table by primary key, every version, the one the ranges "
+                            "see picked by the client, `committed` checked after every "
+                            f"{VALIDATE_EVERY} reads",
+             (lambda i: (versions_sql, [kgs[i], value_id, ukeys[i]]), fetch_validated),
+             lambda i, r: bool(r) and not r[0][1] and expect_value(i, r[0][2]), ("s",),
+             reads),
             ("query_sql_pk", "`pyflink-ndb query --sql` statement filtered by primary key",
              lambda i: (cli_pk, [*cli_params, kgs[i], VALUE_STATE, ukeys[i]]),
              lambda i, r: expect_value(i, r[0][1]), ("s",), reads),
@@ -465,6 +488,8 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
     return out
 
 
+#: Reads between two checks of `committed` in the batch-validated read (part 6).
+VALIDATE_EVERY = 100
 #: Keys per bundle of :func:`bundle_reads` (`state.backend.ndb.read-ahead.records`'
 #: default) and bundles per form.
 BUNDLE_KEYS = 100
@@ -612,6 +637,8 @@ LABELS = {
     "pk_ranges_view": "state table by primary key ⋈ `NS_committed_ranges`",
     "floor_c": "`SELECT 1`, C client",
     "pk_c": "state table by primary key, ranges read once, C client",
+    "pk_versions": f"state table by primary key, every version, picked by the client "
+                   f"(`committed` checked every {VALIDATE_EVERY} reads)",
     "query_sql_pk": "`pyflink-ndb query --sql` filtered by primary key",
     "view_pk": "`NS_committed` by primary key",
     "view_kjson": "`NS_committed` by `kjson`",

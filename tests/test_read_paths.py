@@ -233,6 +233,39 @@ def test_point_reads_by_primary_key_return_the_committed_values(cur, model: Mode
     assert pk_read(cur, model, "no-such-key", committed, by_group) == []
 
 
+def test_batch_validated_reads_pick_the_committed_version(cur, model: Model):
+    """Every stored version by primary key, the ranges' one picked by the client: the
+    same answers as the fast path, although checkpoint 4's newer versions of a third of
+    the keys are stored (written, never completed); `committed` is unchanged after the
+    batch, which validates it."""
+    committed, by_group = committed_ranges(cur, model)
+    pairs = {kg: list(zip(flat[0::2], flat[1::2], strict=True))
+             for kg, flat in by_group.items()}
+    sql = views.versions_read_query(model.namespace)
+    newer_stored = 0
+    for key in sample():
+        kg = local_key_group(key)
+        rows = fetch(cur, sql, [kg, model.state_ids["profile"], encode_key(key)])
+        row = views.newest_in_ranges(rows, pairs[kg])
+        (fast,) = pk_read(cur, model, key, committed, by_group)
+        assert row is not None and tuple(row[:3]) == (fast[1], fast[2], fast[3]), key
+        newer_stored += any(r[0] > row[0] for r in rows)
+    assert newer_stored >= 3, "the sample holds keys with versions of checkpoint 4"
+    assert views.newest_in_ranges(
+        fetch(cur, sql, [local_key_group("no-such-key"), model.state_ids["profile"],
+                         encode_key("no-such-key")]), pairs[0]) is None
+    assert fetch(cur, views.committed_query(model.namespace), [OPERATOR]) == [(committed,)]
+
+
+def test_newest_in_ranges_takes_the_greatest_version_inside_a_range():
+    rows = [(5, 0, "a"), (12, 0, "b"), (30, 1, None), (7, 0, "c")]
+    assert views.newest_in_ranges(rows, [(0, 10)]) == (7, 0, "c")
+    assert views.newest_in_ranges(rows, [(0, 6), (11, 20)]) == (12, 0, "b")
+    assert views.newest_in_ranges(rows, [(0, 40)]) == (30, 1, None)  # a tombstone
+    assert views.newest_in_ranges(rows, [(13, 29)]) is None
+    assert views.newest_in_ranges([], [(0, 40)]) is None
+
+
 def test_the_view_by_primary_key_returns_the_committed_entry(cur, model: Model):
     sql = views.view_point_read_query(model.namespace)
     for key in sample():

@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import pymysql
 
@@ -238,6 +240,49 @@ def point_read_query(namespace: str, ranges: int) -> str:
             f"FROM {namespace}_state s FORCE INDEX (PRIMARY) WHERE s.key_group = %s AND "
             f"s.state_id = %s AND s.ukey = %s AND s.chunk = 0 AND ({visible}) "
             "ORDER BY s.version DESC LIMIT 1")
+
+
+def versions_read_query(namespace: str) -> str:
+    """Every stored version of one entry's first chunk by primary key, for the client to
+    pick the one its ranges see (:func:`newest_in_ranges`; the ranges read once with
+    :func:`ranges_query`) and to validate in batches (:func:`committed_query`): no version
+    predicate, no `ORDER BY` and no check of `committed` in the statement, so the server
+    plans a plain primary-key prefix lookup (bench part 6 compares it with
+    :func:`point_read_query`). Returns `version`, `tombstone`, `vjson`, `chunks`,
+    `expires_at_ms`, one row per stored version (of every branch, uncommitted ones too:
+    the ranges decide). Parameters: key_group, state_id, ukey."""
+    return (f"SELECT s.version, s.tombstone, s.vjson, s.chunks, s.expires_at_ms FROM "
+            f"{namespace}_state s WHERE s.key_group = %s AND s.state_id = %s AND "
+            "s.ukey = %s AND s.chunk = 0")
+
+
+def committed_query(namespace: str) -> str:
+    """The operator's `committed` descriptor alone (parameter: operator): compare it with
+    the one :func:`ranges_query` returned to validate the reads made since."""
+    return f"SELECT committed FROM {namespace}_operators WHERE operator = %s"
+
+
+def newest_in_ranges(rows: Sequence[Sequence[Any]], ranges: Sequence[tuple[int, int]]
+                     ) -> Sequence[Any] | None:
+    """The row of :func:`versions_read_query` that a checkpoint's version `ranges` (of the
+    entry's key group, `(lo, hi)` inclusive) see: the greatest `version` (its first
+    column) inside one of them; None: no version there.
+
+    Exact only while that checkpoint is still the committed one: garbage collection keeps
+    every version a retained checkpoint sees, but once the ranges' checkpoint has left
+    retention it may delete the version it saw and keep an older one a savepoint sees,
+    which this would then return. So validate: after a batch of reads, read `committed`
+    (:func:`committed_query`); if it still equals the descriptor read with the ranges,
+    every answer of the batch is the committed state at that checkpoint (the statement of
+    :func:`point_read_query` does the same check in each read); if it moved, read the
+    ranges again and redo the batch."""
+    best: Sequence[Any] | None = None
+    for row in rows:
+        version = row[0]
+        if (best is None or version > best[0]) and any(lo <= version <= hi
+                                                        for lo, hi in ranges):
+            best = row
+    return best
 
 
 def ranges_point_read_query(namespace: str) -> str:
