@@ -228,3 +228,21 @@ def test_local_tier_get_before_and_after_the_first_put(tmp_path):
     local.put(7, b"k", b"again", 4, None)
     assert local.get(7, b"k") == (b"again", 4, None)
     local.destroy()
+
+
+def test_local_tier_answers_hits_and_misses_from_flushed_files(tmp_path):
+    """Tier 2's table files carry Bloom filters: after a flush every key put is still
+    found (no false negatives) and keys never put are not."""
+    local = LocalTier(str(tmp_path / "rocks"))
+    for i in range(2000):
+        local.put(3, encode_key(i), b"v%d" % i, i % 64, None)
+    local._db.flush()
+    for i in range(2000):
+        local.put(4, encode_key(i), None, 1, 5)  # a second file, another state
+    local._db.flush()
+    assert all(local.get(3, encode_key(i)) == (b"v%d" % i, i % 64, None) for i in range(2000))
+    assert all(local.get(4, encode_key(i)) == (None, 1, 5) for i in range(2000))
+    assert all(local.get(3, encode_key(i)) is None for i in range(2000, 4000))
+    assert [u for u, *_ in local.iter_prefix(3, b"")][:3] == sorted(
+        encode_key(i) for i in range(2000))[:3]
+    local.destroy()
