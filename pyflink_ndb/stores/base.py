@@ -466,6 +466,17 @@ class StateStore(ABC):
         its statements run to their end (SQLite's are local and short)."""
         self._closed = True
 
+    def _retry_pause(self, seconds: float) -> None:
+        """The pause between two tries of :meth:`_retry`, cut short when the store is
+        closed or interrupted meanwhile (:meth:`interrupt`: a closing subtask's writer
+        then stops at once instead of after the pause and one more try)."""
+        end = time.monotonic() + seconds
+        while not self._closed:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.01))
+
     def _reconnect(self) -> None:
         old, self._conn = self._conn, None
         if old is not None:
@@ -514,18 +525,28 @@ class StateStore(ABC):
         if self._closed:
             raise StoreUnavailableError(f"The store {self.describe()} is closed.")
 
+        def closed() -> StoreUnavailableError:
+            return StoreUnavailableError(f"The store {self.describe()} is closed.")
+
         def first_connect_then(unit: Callable[[], T] = unit) -> T:
+            if self._closed:  # interrupted (closed) between two tries: no next one
+                raise closed()
             if self._conn is None:  # a reconnect failed when the last retries ran out
                 self._conn = self._connect()
             return unit()
+
+        def recover() -> None:
+            if self._closed:  # a closed store opens no new connection
+                raise closed()
+            self._reconnect()
         try:
             return run_with_retries(first_connect_then,
                                     # an interrupted (closed) store's errors are final
                                     is_transient=lambda e: not self._closed
                                     and self._is_transient(e),
-                                    recover=self._reconnect, policy=self.retry_policy,
+                                    recover=recover, policy=self.retry_policy,
                                     what=what, where=self.describe(),
-                                    on_retry=self._count_retry)
+                                    sleep=self._retry_pause, on_retry=self._count_retry)
         except StoreUnavailableError:
             raise
         except Exception as err:
