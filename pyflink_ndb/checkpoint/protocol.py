@@ -305,9 +305,13 @@ class CheckpointProtocol:
         self.lineage = dataclasses.replace(unnamed, branch=self.branch)
         self._lineages[self.branch] = self.lineage
         self.fence = Fence(s.operator, self.branch, s.key_group_start, s.key_group_end)
+        # Every part of the restored snapshot, not only this subtask's: the claim makes it
+        # what readers see, and retention is decided per subtask (another subtask may have
+        # released its part and collected the versions only that part saw; its claim
+        # fails, and readers must not see the snapshot meanwhile).
         before, _ = self.store.claim(
             self.fence, restored, reset=reset,
-            check=(lambda rows: self._check_restorable(mine, rows)) if mine else None)
+            check=(lambda rows: self._check_restorable(tokens or (), rows)) if mine else None)
         self.restored = restored
         self.table.visibility = self.lineage.head
         for seg in self.lineage.segments:
