@@ -11,7 +11,8 @@ import java.util.List;
  * state.backend.ndb.read-ahead.records}, {@code read-ahead.max-wait-ms}).
  *
  * <p>Reading ahead pays only while reads miss tiers 1-2 (after a restore, or for keys not seen for
- * long). When Python reports that a bundle saved nothing ({@link #observe} with 0), the next
+ * long). When Python reports that a bundle saved nothing ({@link #observe} with 0; heard only once
+ * the bundles have grown to full size), the next
  * {@link #FIRST_PASS_THROUGH} records pass straight through, then twice as many after each further
  * bundle that saved nothing, up to {@link #MAX_PASS_THROUGH}; a bundle that saved reads resets it.
  *
@@ -37,6 +38,13 @@ final class ReadAhead<T> {
 
     /** Records that fill the current bundle: 1 at first, doubled after each bundle. */
     private int target = 1;
+
+    /**
+     * True once a bundle was taken whose target was the capacity: until then a bundle that saved
+     * nothing does not start a pass-through (a bundle of 2 records of keys already read says
+     * little, and a pass-through right after a restore would send each record's read alone).
+     */
+    private boolean rampedUp;
 
     private int passThroughLeft;
     private int nextPassThrough = FIRST_PASS_THROUGH;
@@ -80,6 +88,7 @@ final class ReadAhead<T> {
     /** The bundle, in arrival order; the buffer starts a new one. */
     List<StreamRecord<T>> take() {
         generation++;
+        rampedUp |= target >= capacity;
         target = (int) Math.min(2L * target, capacity);
         List<StreamRecord<T>> out = buffered;
         buffered = new ArrayList<>(capacity);
@@ -104,7 +113,7 @@ final class ReadAhead<T> {
 
     /** Python's answer for a bundle: the store reads it saved or needed (0: nothing to gain). */
     void observe(long gain) {
-        if (gain > 0) {
+        if (gain > 0 || !rampedUp) {
             nextPassThrough = FIRST_PASS_THROUGH;
         } else {
             passThroughLeft = nextPassThrough;
