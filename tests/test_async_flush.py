@@ -1078,8 +1078,8 @@ def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
     statement in flight (Flink deploys the next attempt only once it is closed): here
     garbage collection's read of versions waits 5 s in the server (`SLEEP(5)` on the
     writer's own connection, as a read of cold pages or a lock wait would). The close
-    interrupts it, the interrupted read is not retried, and the restored attempt reads
-    the committed values."""
+    interrupts it, the interrupted read is not retried, the server ends the statement
+    too, and the restored attempt reads the committed values."""
     store = store_factory("mysql")
     t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
     v = t.context.get_state(ValueStateDescriptor("v", ANY))
@@ -1108,6 +1108,13 @@ def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
     assert not protocol.writer.alive
     assert outcome and "error 2013" in str(outcome[0]), outcome
     assert wstore.retries == 0, "an interrupted statement is not retried"
+    # The server ends the statement too (KILL QUERY): it would otherwise run its 5 s
+    # and keep its locks.
+    deadline = time.monotonic() + 3
+    while store._query("SELECT COUNT(*) FROM information_schema.processlist WHERE "
+                       "info = 'SELECT SLEEP(5)'")[0][0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert time.monotonic() < deadline, "the interrupted statement ran on in the server"
     r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=2)
     v = r.context.get_state(ValueStateDescriptor("v", ANY))
     for i in (0, 1, 19_999):

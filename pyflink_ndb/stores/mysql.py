@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import re
 import socket
@@ -30,7 +31,14 @@ from pyflink_ndb.config import redact_url
 from pyflink_ndb.errors import ConfigurationError, StoreUnavailableError, ValueTooLargeError
 from pyflink_ndb.stores.base import StateStore, StoredVersion
 from pyflink_ndb.stores.lineage import Ranges
-from pyflink_ndb.stores.retry import DEFAULT_RETRY_POLICY, RetriesExhaustedError, RetryPolicy
+from pyflink_ndb.stores.retry import (
+    DEFAULT_RETRY_POLICY,
+    RetriesExhaustedError,
+    RetryPolicy,
+    describe_error,
+)
+
+_log = logging.getLogger(__name__)
 
 #: Client error numbers meaning "the server cannot be reached or went away".
 _UNREACHABLE = {2002, 2003, 2005, 2006, 2013, 2055}
@@ -356,6 +364,10 @@ def connect_driver(**kwargs: Any) -> Any:
     return _Connection(**kwargs)
 
 
+#: Seconds :meth:`MysqlStateStore.interrupt`'s `KILL QUERY` may take to connect (and to
+#: wait for each answer).
+KILL_CONNECT_TIMEOUT_S = 5
+
 #: Characters per rendered multi-row statement: pymysql's own executemany limit
 #: (`Cursor.max_stmt_length`), far below `max_allowed_packet` (16 MB on MariaDB 10.11,
 #: 64 MB on MySQL 8 / RonDB).
@@ -666,12 +678,43 @@ class MysqlStateStore(StateStore):
         """See :meth:`StateStore.interrupt`: shuts the connection's socket down in both
         directions, which wakes the thread blocked in its read of the server's answer
         (pymysql raises "Lost connection", error 2013). A plain close of the socket would
-        not wake it: the driver's file object keeps the descriptor open."""
+        not wake it: the driver's file object keeps the descriptor open.
+
+        The server notices a closed connection only when its statement ends, and keeps
+        the statement's locks until then (a fenced write holds the owner row's shared
+        lock, which the next attempt's claim waits for): so a thread of its own then
+        sends `KILL QUERY` for the connection's server thread on a new connection
+        (:data:`KILL_CONNECT_TIMEOUT_S` to connect; failures are logged at DEBUG, the close
+        never waits for it)."""
+        conn = self._conn
+        server_thread = conn.thread_id() if conn is not None else None
         super().interrupt()
-        sock = getattr(self._conn, "_sock", None)
+        sock = getattr(conn, "_sock", None)
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        if server_thread:
+            threading.Thread(target=self._kill_query, args=(int(server_thread),),
+                             name=f"pyflink-ndb-kill-{server_thread}", daemon=True).start()
+
+    def _kill_query(self, server_thread: int) -> None:
+        """`KILL QUERY` of `server_thread` on a short-lived connection of its own."""
+        a = self._args
+        try:
+            conn = connect_driver(
+                host=a["host"], port=a["port"], user=a["user"],
+                password=a["password"] or "", database=a["database"], charset="utf8mb4",
+                autocommit=True, connect_timeout=KILL_CONNECT_TIMEOUT_S,
+                read_timeout=KILL_CONNECT_TIMEOUT_S, write_timeout=KILL_CONNECT_TIMEOUT_S,
+                **tls_connect_args(a["tls"]))
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("KILL QUERY %s", (server_thread,))
+            finally:
+                conn.close()
+        except Exception as err:  # the statement then ends on its own
+            _log.debug("KILL QUERY %d at %s failed: %s", server_thread, self.address,
+                       describe_error(err))
 
     def _is_transient(self, err: BaseException) -> bool:
         """See :func:`is_transient_error`."""
