@@ -421,7 +421,7 @@ class TieredTable:
             :data:`MAX_UKEY_BYTES` (raised at the update, where the state and key are
             known; nothing is stored).
         """
-        size = ENTRY_OVERHEAD_BYTES + len(ukey)
+        size = ENTRY_OVERHEAD_BYTES + len(ukey)  # check_entry's checks, inlined (per put)
         if value is not None:
             if self.value_max_bytes is not None and len(value) > self.value_max_bytes:
                 raise self._too_large(state_id, ukey, value)
