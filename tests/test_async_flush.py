@@ -1050,6 +1050,17 @@ def start_slow_collection(t: LocalSubtask, v: Any) -> Callable[[Any], Any]:
     return real
 
 
+def check_restored_after_slow_collection(store: StateStore, local_dir: str) -> None:
+    """A subtask restored from checkpoint 2 of :func:`start_slow_collection` reads the
+    values that checkpoint wrote."""
+    r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=2)
+    v = r.context.get_state(ValueStateDescriptor("v", ANY))
+    for i in (0, 1, 19_999):
+        r.key(i)
+        assert v.value() == -i
+    r.close()
+
+
 @pytest.mark.parametrize("kind", STORES)
 def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
         store_factory, local_dir, kind):
@@ -1063,12 +1074,7 @@ def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
     started = time.monotonic()
     t.crash()
     assert time.monotonic() - started < 1.5
-    r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=2)
-    v = r.context.get_state(ValueStateDescriptor("v", ANY))
-    for i in (0, 1, 19_999):
-        r.key(i)
-        assert v.value() == -i
-    r.close()
+    check_restored_after_slow_collection(store, local_dir)
 
 
 @pytest.mark.mysql
@@ -1115,12 +1121,7 @@ def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
                        "info = 'SELECT SLEEP(5)'")[0][0] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert time.monotonic() < deadline, "the interrupted statement ran on in the server"
-    r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=2)
-    v = r.context.get_state(ValueStateDescriptor("v", ANY))
-    for i in (0, 1, 19_999):
-        r.key(i)
-        assert v.value() == -i
-    r.close()
+    check_restored_after_slow_collection(store, local_dir)
 
 
 def test_a_checkpoint_job_preempts_a_preemptible_background_job_at_its_next_yield():
