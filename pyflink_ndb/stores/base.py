@@ -522,11 +522,11 @@ class StateStore(ABC):
 
         :raises StoreUnavailableError: retries spent, or the database is unreachable.
         """
-        if self._closed:
-            raise StoreUnavailableError(f"The store {self.describe()} is closed.")
-
         def closed() -> StoreUnavailableError:
             return StoreUnavailableError(f"The store {self.describe()} is closed.")
+
+        if self._closed:
+            raise closed()
 
         def first_connect_then(unit: Callable[[], T] = unit) -> T:
             if self._closed:  # interrupted (closed) between two tries: no next one

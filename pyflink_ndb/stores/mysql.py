@@ -699,14 +699,9 @@ class MysqlStateStore(StateStore):
 
     def _kill_query(self, server_thread: int) -> None:
         """`KILL QUERY` of `server_thread` on a short-lived connection of its own."""
-        a = self._args
         try:
-            conn = connect_driver(
-                host=a["host"], port=a["port"], user=a["user"],
-                password=a["password"] or "", database=a["database"], charset="utf8mb4",
-                autocommit=True, connect_timeout=KILL_CONNECT_TIMEOUT_S,
-                read_timeout=KILL_CONNECT_TIMEOUT_S, write_timeout=KILL_CONNECT_TIMEOUT_S,
-                **tls_connect_args(a["tls"]))
+            conn = connect_driver(**self._driver_args(
+                KILL_CONNECT_TIMEOUT_S, KILL_CONNECT_TIMEOUT_S, KILL_CONNECT_TIMEOUT_S))
             try:
                 with conn.cursor() as cur:
                     cur.execute("KILL QUERY %s", (server_thread,))
@@ -731,6 +726,17 @@ class MysqlStateStore(StateStore):
         return (f"mysql://{a['user']}@{a['host']}:{a['port']}/{a['database']} "
                 f"({self.engine}{tls})")
 
+    def _driver_args(self, connect_timeout: float, read_timeout: float,
+                     write_timeout: float) -> dict[str, Any]:
+        """:func:`connect_driver`'s arguments for this store's server, user, database and
+        TLS (autocommit, utf8mb4, binary prefix), with these timeouts (seconds)."""
+        a = self._args
+        return dict(host=a["host"], port=a["port"], user=a["user"],
+                    password=a["password"] or "", database=a["database"], charset="utf8mb4",
+                    autocommit=True, binary_prefix=True, connect_timeout=connect_timeout,
+                    read_timeout=read_timeout, write_timeout=write_timeout,
+                    **tls_connect_args(a["tls"]))
+
     def _connect(self) -> Any:
         """A new connection with the session settings applied (autocommit, READ COMMITTED)
         and :attr:`engine` detected; called again for every reconnection.
@@ -739,18 +745,15 @@ class MysqlStateStore(StateStore):
             :func:`is_transient_error` tells a refused connection from a wrong password).
         """
         a = self._args
-        tls = tls_connect_args(a["tls"])
+        args = self._driver_args(self._connect_timeout_s, self._read_timeout_s,
+                                 self._write_timeout_s)
         try:
-            conn = connect_driver(
-                host=a["host"], port=a["port"], user=a["user"], password=a["password"] or "",
-                database=a["database"], charset="utf8mb4", autocommit=True,
-                binary_prefix=True, connect_timeout=self._connect_timeout_s,
-                read_timeout=self._read_timeout_s, write_timeout=self._write_timeout_s, **tls)
+            conn = connect_driver(**args)
         except pymysql.err.OperationalError as err:
             code = err.args[0] if err.args else None
             where = f"{a['host']}:{a['port']}"
             if code == _CR_SSL_CONNECTION_ERROR or (
-                    tls.get("ssl") and isinstance(err.__context__, ssl.SSLError)):
+                    args.get("ssl") and isinstance(err.__context__, ssl.SSLError)):
                 reason = err.__context__ if isinstance(err.__context__, ssl.SSLError) else (
                     err.args[1] if len(err.args) > 1 else err)
                 raise StoreUnavailableError(
