@@ -79,15 +79,19 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
      "lazy"),
     ("ndb-mariadb-thread", "pyflink-ndb MariaDB, write.process false (background thread)",
      "ndb-mariadb", "lazy"),
+    ("ndb-mariadb-cache", "pyflink-ndb MariaDB, cache.max-entries 20,000",
+     "ndb-mariadb", "lazy"),
 )
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg",
-          "ndb-mariadb-render": "my_rp", "ndb-mariadb-thread": "my_th"}
+          "ndb-mariadb-render": "my_rp", "ndb-mariadb-thread": "my_th",
+          "ndb-mariadb-cache": "my_ca"}
 #: More pyflink-ndb options of a backend (`ndb-mariadb` runs the defaults: on 2 CPUs or
 #: more, `write.process: auto` turns the write process on).
 _EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true",
                                         "state.backend.ndb.write.process": "false"},
-                  "ndb-mariadb-thread": {"state.backend.ndb.write.process": "false"}}
+                  "ndb-mariadb-thread": {"state.backend.ndb.write.process": "false"},
+                  "ndb-mariadb-cache": {"state.backend.ndb.cache.max-entries": "20000"}}
 
 
 # -- the job (runs in the TaskManager's interpreter) --------------------------------------

@@ -36,6 +36,7 @@ from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.cpu_pin import release_inherited
 from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.interpreter import freeze_start_up_heap
+from pyflink_ndb.runtime.key_groups import KeyGroupCalculator
 from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.serialization.values import PLAIN_JSON, SERIALIZER_NAME, JsonRenderer
 from pyflink_ndb.stores.base import StateStore, now_ms
@@ -54,7 +55,11 @@ FIRST_BUNDLES_KEPT = 16
 
 
 class KeyGroupOracle(Protocol):
-    """Answers the key group of the operator's current key, as Flink routes it."""
+    """Answers the key group of the operator's current key, as Flink routes it. The
+    bridge's oracle also names the Java class of the current key (`currentKeyClass()`),
+    which lets the backend compute key groups of String, Integer and Long keys itself
+    (:mod:`pyflink_ndb.runtime.key_groups`); an oracle without it is asked for every new
+    key."""
 
     def currentKeyGroup(self) -> int: ...  # noqa: N802 (Java method name)
 
@@ -150,6 +155,9 @@ class SubtaskStateBackend:
             #: entry than an LRU): about 100 bytes an entry.
             self._kg_memo: dict[bytes, int] = {}
             self._kg_memo_max = max(options.cache_max_entries * 2, KEY_GROUP_MEMO_ENTRIES)
+            #: Key groups of new keys without Java (made at the first new key: it needs
+            #: the Java class of a current key).
+            self._kg_calculator: KeyGroupCalculator | None = None
             #: The table's point reads of the store when :meth:`read_ahead` last ran
             #: (None: it never ran).
             self._store_reads_at_read_ahead: int | None = None
@@ -246,9 +254,31 @@ class SubtaskStateBackend:
         self.current_key_bytes = key_bytes
         key_group = self._kg_memo.get(key_bytes)
         if key_group is None:
-            key_group = int(self._key_groups.currentKeyGroup())
+            key_group = self._key_group_of_new_key(key)
             self._remember_key_group(key_bytes, key_group)
         self.current_key_group = key_group
+
+    def _key_group_of_new_key(self, key: Any) -> int:
+        """Computed in Python where the Java key class allows (:mod:`key_groups
+        <pyflink_ndb.runtime.key_groups>`; its first answers checked against Java's), else
+        asked of Java (a PEMJA call)."""
+        calculator = self._kg_calculator
+        if calculator is None:
+            calculator = self._kg_calculator = self._make_calculator()
+        mine = calculator.key_group(key)
+        if mine is not None and not calculator.unchecked:
+            return mine
+        java = int(self._key_groups.currentKeyGroup())
+        if mine is not None:
+            calculator.check(key, mine, java)
+        return java
+
+    def _make_calculator(self) -> KeyGroupCalculator:
+        """The calculator for the Java class of the current key; an oracle that cannot
+        name it (the test oracles of :mod:`pyflink_ndb.testing`) gets a disabled one."""
+        name = getattr(self._key_groups, "currentKeyClass", None)
+        java_class = str(name()) if name is not None else ""
+        return KeyGroupCalculator(java_class, self.info.max_parallelism)
 
     def _remember_key_group(self, key_bytes: bytes, key_group: int) -> None:
         if len(self._kg_memo) >= self._kg_memo_max:
@@ -317,6 +347,7 @@ class SubtaskStateBackend:
         """
         from pyflink_ndb._pyflink import hook_record_keys, hook_timer_keys, record_key_reader
 
+        self._operation = operation
         self.keys_from_records = hook_record_keys(
             operation, self.set_current_key, second_input_keyed=self.second_input_keyed)
         self._record_key = record_key_reader(operation) if self.keys_from_records else None
@@ -327,6 +358,29 @@ class SubtaskStateBackend:
                 "operation (this apache-flink version is not supported: see README, "
                 "\"Install from a wheel\": Flink 1.20). Turn state.backend.ndb.enabled "
                 "off for this job.")
+
+    def process_element(self, value: Any) -> list[Any] | None:
+        """One record of a one-input operation, its outputs drained in this call: the
+        bridge's `NdbKeyedProcessOperator` calls this instead of PyFlink's
+        `operation.process_element` and the PEMJA iterator over its outputs, whose
+        `hasNext`/`next`/`close` each enter the interpreter again (each takes the GIL,
+        which a TaskManager's subtasks share).
+
+        :returns: the record's outputs in order (PEMJA hands Java an `ArrayList`), None
+            when there are none.
+        """
+        out = list(self._operation.process_element(value))
+        return out or None
+
+    def process_element1(self, value: Any) -> list[Any] | None:
+        """:meth:`process_element` for the first input of a two-input operation."""
+        out = list(self._operation.process_element1(value))
+        return out or None
+
+    def process_element2(self, value: Any) -> list[Any] | None:
+        """:meth:`process_element` for the second input of a two-input operation."""
+        out = list(self._operation.process_element2(value))
+        return out or None
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
         """Flink's synchronous phase: freeze the dirty delta as checkpoint `checkpoint_id`

@@ -10,6 +10,8 @@ import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionI
 import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.python.embedded.AbstractEmbeddedDataStreamPythonFunctionOperator;
 import org.apache.flink.streaming.api.operators.python.embedded.EmbeddedPythonKeyedCoProcessOperator;
+import org.apache.flink.streaming.api.utils.PythonTypeUtils;
+import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 
 /**
  * PyFlink's thread-mode keyed co-process operator (two keyed inputs), with the operator life cycle forwarded to the
@@ -25,9 +27,19 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
 
     private final TypeInformation<IN2> ndbInputTypeInfo2;
 
+    private final TypeInformation<OUT> ndbOutputTypeInfo;
+
     private final String stateOptionsJson;
 
     private transient StateBackendHooks hooks;
+
+    /** The input converters of {@link #processElement1} and {@link #processElement2} (the base
+     * class's are private). */
+    private transient PythonTypeUtils.DataConverter<IN1, Object> ndbInputConverter1;
+
+    private transient PythonTypeUtils.DataConverter<IN2, Object> ndbInputConverter2;
+
+    private transient RecordCall<OUT> recordCall;
 
     public NdbKeyedCoProcessOperator(
             Configuration config,
@@ -39,6 +51,7 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
         super(config, pythonFunctionInfo, inputTypeInfo1, inputTypeInfo2, outputTypeInfo);
         this.ndbInputTypeInfo1 = inputTypeInfo1;
         this.ndbInputTypeInfo2 = inputTypeInfo2;
+        this.ndbOutputTypeInfo = outputTypeInfo;
         this.stateOptionsJson = stateOptionsJson == null ? "{}" : stateOptionsJson;
     }
 
@@ -57,6 +70,41 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
     public void initializeState(StateInitializationContext context) throws Exception {
         super.initializeState(context);
         hooks().initializeState(context);
+    }
+
+    @Override
+    public void open() throws Exception {
+        super.open();
+        ndbInputConverter1 =
+                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo1);
+        ndbInputConverter2 =
+                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo2);
+        recordCall = new RecordCall<>(ndbOutputTypeInfo);
+    }
+
+    /** What PyFlink's {@code processElement1} does, in one call into the interpreter ({@link
+     * RecordCall}). */
+    @Override
+    public void processElement1(StreamRecord<IN1> element) {
+        collector.setTimestamp(element);
+        timestamp = element.getTimestamp();
+        recordCall.process(
+                interpreter,
+                "process_element1",
+                ndbInputConverter1.toExternal(element.getValue()),
+                collector);
+    }
+
+    /** The same for the second input. */
+    @Override
+    public void processElement2(StreamRecord<IN2> element) {
+        collector.setTimestamp(element);
+        timestamp = element.getTimestamp();
+        recordCall.process(
+                interpreter,
+                "process_element2",
+                ndbInputConverter2.toExternal(element.getValue()),
+                collector);
     }
 
     @Override

@@ -41,7 +41,14 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
     /** Kept here because the base class's getter is package-private; needed by copy(). */
     private final TypeInformation<IN> ndbInputTypeInfo;
 
+    private final TypeInformation<OUT> ndbOutputTypeInfo;
+
     private final String stateOptionsJson;
+
+    /** The input converter of {@link #processRecord} (the base class's is private). */
+    private transient PythonTypeUtils.DataConverter<IN, Object> ndbInputConverter;
+
+    private transient RecordCall<OUT> recordCall;
 
     private transient StateBackendHooks hooks;
 
@@ -61,6 +68,7 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
             String stateOptionsJson) {
         super(config, pythonFunctionInfo, inputTypeInfo, outputTypeInfo);
         this.ndbInputTypeInfo = inputTypeInfo;
+        this.ndbOutputTypeInfo = outputTypeInfo;
         this.stateOptionsJson = stateOptionsJson == null ? "{}" : stateOptionsJson;
     }
 
@@ -91,6 +99,9 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
     @Override
     public void open() throws Exception {
         super.open();
+        ndbInputConverter =
+                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo);
+        recordCall = new RecordCall<>(ndbOutputTypeInfo);
         readAhead = null;
         String backendClass = getKeyedStateBackend().getClass().getName();
         if (!backendClass.contains("BatchExecution")) {
@@ -111,7 +122,7 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
     public void processElement(StreamRecord<IN> element) throws Exception {
         ReadAhead<IN> bundle = readAhead;
         if (bundle == null || !bundle.admit()) {
-            super.processElement(element);
+            processRecord(element);
             return;
         }
         IN value = element.getValue();
@@ -176,8 +187,20 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
         bundle.observe(hooks().readAhead(values, keyGroups));
         for (StreamRecord<IN> record : records) {
             setKeyContextElement1(record);
-            super.processElement(record);
+            processRecord(record);
         }
+    }
+
+    /** What PyFlink's {@code processElement} does, in one call into the interpreter ({@link
+     * RecordCall}). */
+    private void processRecord(StreamRecord<IN> element) {
+        collector.setTimestamp(element);
+        timestamp = element.getTimestamp();
+        recordCall.process(
+                interpreter,
+                "process_element",
+                ndbInputConverter.toExternal(element.getValue()),
+                collector);
     }
 
     @Override

@@ -11,6 +11,8 @@ import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionI
 import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.python.DataStreamPythonFunctionOperator;
 import org.apache.flink.streaming.api.operators.python.embedded.EmbeddedPythonWindowOperator;
+import org.apache.flink.streaming.api.utils.PythonTypeUtils;
+import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 import org.apache.flink.table.runtime.operators.window.Window;
 
 /**
@@ -27,11 +29,18 @@ public class NdbWindowOperator<K, IN, OUT, W extends Window>
     /** Kept here because the base class's fields are private; needed by copy(). */
     private final TypeInformation<IN> ndbInputTypeInfo;
 
+    private final TypeInformation<OUT> ndbOutputTypeInfo;
+
     private final TypeSerializer<W> ndbNamespaceSerializer;
 
     private final String stateOptionsJson;
 
     private transient StateBackendHooks hooks;
+
+    /** The input converter of {@link #processElement} (the base class's is private). */
+    private transient PythonTypeUtils.DataConverter<IN, Object> ndbInputConverter;
+
+    private transient RecordCall<OUT> recordCall;
 
     public NdbWindowOperator(
             Configuration config,
@@ -42,6 +51,7 @@ public class NdbWindowOperator<K, IN, OUT, W extends Window>
             String stateOptionsJson) {
         super(config, pythonFunctionInfo, inputTypeInfo, outputTypeInfo, namespaceSerializer);
         this.ndbInputTypeInfo = inputTypeInfo;
+        this.ndbOutputTypeInfo = outputTypeInfo;
         this.ndbNamespaceSerializer = namespaceSerializer;
         this.stateOptionsJson = stateOptionsJson == null ? "{}" : stateOptionsJson;
     }
@@ -61,6 +71,27 @@ public class NdbWindowOperator<K, IN, OUT, W extends Window>
     public void initializeState(StateInitializationContext context) throws Exception {
         super.initializeState(context);
         hooks().initializeState(context);
+    }
+
+    @Override
+    public void open() throws Exception {
+        super.open();
+        ndbInputConverter =
+                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo);
+        recordCall = new RecordCall<>(ndbOutputTypeInfo);
+    }
+
+    /** What PyFlink's {@code processElement} does, in one call into the interpreter ({@link
+     * RecordCall}). */
+    @Override
+    public void processElement(StreamRecord<IN> element) {
+        collector.setTimestamp(element);
+        timestamp = element.getTimestamp();
+        recordCall.process(
+                interpreter,
+                "process_element",
+                ndbInputConverter.toExternal(element.getValue()),
+                collector);
     }
 
     @Override
