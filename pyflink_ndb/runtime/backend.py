@@ -21,11 +21,12 @@ globals: each backend is reached through its handle.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 #: Keys whose key group a subtask remembers (at least; twice `cache.max-entries` when that
 #: is more): a key met again after its memo was emptied costs one call into Java.
 KEY_GROUP_MEMO_ENTRIES = 100_000
+#: Outputs of one record that come back from one call into the interpreter (the bridge's
+#: `RecordCall`); Java iterates a record's further outputs one by one.
+OUTPUTS_PER_CALL = 1024
 #: Read-ahead bundles whose sizes a subtask keeps (diagnostics, tests).
 FIRST_BUNDLES_KEPT = 16
 
@@ -93,6 +97,20 @@ class BindInfo:
     checkpointing_enabled: bool = True
     local_dir: str | None = None
     job_id: str = "local"
+
+
+def drain_outputs(results: Iterator[Any] | None) -> Any:
+    """A record's outputs for the bridge's `RecordCall`: None when there are none, a list
+    (a Java `ArrayList`) of all of them when there are fewer than
+    :data:`OUTPUTS_PER_CALL`, else a tuple (a Java `Object[]`) of the first
+    :data:`OUTPUTS_PER_CALL` and the generator of the rest, which Java iterates as
+    PyFlink does (so a record with many outputs never holds them all at once)."""
+    if results is None:
+        return None
+    out = list(itertools.islice(results, OUTPUTS_PER_CALL))
+    if len(out) < OUTPUTS_PER_CALL:
+        return out or None
+    return (out, results)
 
 
 class SubtaskStateBackend:
@@ -359,28 +377,25 @@ class SubtaskStateBackend:
                 "\"Install from a wheel\": Flink 1.20). Turn state.backend.ndb.enabled "
                 "off for this job.")
 
-    def process_element(self, value: Any) -> list[Any] | None:
-        """One record of a one-input operation, its outputs drained in this call: the
-        bridge's `NdbKeyedProcessOperator` calls this instead of PyFlink's
+    def process_element(self, value: Any) -> Any:
+        """One record of a one-input operation, its outputs returned from this call: the
+        bridge's operators (`RecordCall`) call this instead of PyFlink's
         `operation.process_element` and the PEMJA iterator over its outputs, whose
         `hasNext`/`next`/`close` each enter the interpreter again (each takes the GIL,
-        which a TaskManager's subtasks share).
+        which a TaskManager's subtasks share). Operators with side outputs keep PyFlink's
+        path (side outputs leave while the outputs are iterated, interleaved with them).
 
-        :returns: the record's outputs in order (PEMJA hands Java an `ArrayList`), None
-            when there are none.
+        :returns: see :func:`drain_outputs`.
         """
-        out = list(self._operation.process_element(value))
-        return out or None
+        return drain_outputs(self._operation.process_element(value))
 
-    def process_element1(self, value: Any) -> list[Any] | None:
+    def process_element1(self, value: Any) -> Any:
         """:meth:`process_element` for the first input of a two-input operation."""
-        out = list(self._operation.process_element1(value))
-        return out or None
+        return drain_outputs(self._operation.process_element1(value))
 
-    def process_element2(self, value: Any) -> list[Any] | None:
+    def process_element2(self, value: Any) -> Any:
         """:meth:`process_element` for the second input of a two-input operation."""
-        out = list(self._operation.process_element2(value))
-        return out or None
+        return drain_outputs(self._operation.process_element2(value))
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
         """Flink's synchronous phase: freeze the dirty delta as checkpoint `checkpoint_id`

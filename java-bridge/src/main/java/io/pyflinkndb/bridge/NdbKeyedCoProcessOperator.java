@@ -85,7 +85,11 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
     /** What PyFlink's {@code processElement1} does, in one call into the interpreter ({@link
      * RecordCall}). */
     @Override
-    public void processElement1(StreamRecord<IN1> element) {
+    public void processElement1(StreamRecord<IN1> element) throws Exception {
+        if (hasSideOutput) {
+            super.processElement1(element);
+            return;
+        }
         collector.setTimestamp(element);
         timestamp = element.getTimestamp();
         recordCall.process(
@@ -97,7 +101,11 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
 
     /** The same for the second input. */
     @Override
-    public void processElement2(StreamRecord<IN2> element) {
+    public void processElement2(StreamRecord<IN2> element) throws Exception {
+        if (hasSideOutput) {
+            super.processElement2(element);
+            return;
+        }
         collector.setTimestamp(element);
         timestamp = element.getTimestamp();
         recordCall.process(

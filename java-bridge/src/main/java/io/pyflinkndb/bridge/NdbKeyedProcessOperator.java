@@ -193,7 +193,11 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
 
     /** What PyFlink's {@code processElement} does, in one call into the interpreter ({@link
      * RecordCall}). */
-    private void processRecord(StreamRecord<IN> element) {
+    private void processRecord(StreamRecord<IN> element) throws Exception {
+        if (hasSideOutput) {
+            super.processElement(element);
+            return;
+        }
         collector.setTimestamp(element);
         timestamp = element.getTimestamp();
         recordCall.process(

@@ -84,7 +84,11 @@ public class NdbWindowOperator<K, IN, OUT, W extends Window>
     /** What PyFlink's {@code processElement} does, in one call into the interpreter ({@link
      * RecordCall}). */
     @Override
-    public void processElement(StreamRecord<IN> element) {
+    public void processElement(StreamRecord<IN> element) throws Exception {
+        if (hasSideOutput) {
+            super.processElement(element);
+            return;
+        }
         collector.setTimestamp(element);
         timestamp = element.getTimestamp();
         recordCall.process(

@@ -5,6 +5,7 @@ import org.apache.flink.streaming.api.operators.TimestampedCollector;
 import org.apache.flink.streaming.api.utils.PythonTypeUtils;
 
 import pemja.core.PythonInterpreter;
+import pemja.core.object.PyIterator;
 
 import java.util.List;
 
@@ -15,12 +16,15 @@ import java.util.List;
  * and its two-input twin) call {@code operation.process_element(value)} and iterate the
  * generator it returns through a PEMJA {@code PyIterator}: every {@code hasNext}, {@code next}
  * and {@code close} enters the interpreter again and takes the GIL, which all subtasks of a
- * TaskManager share, so a record with one output takes it four times. The bridge's operators
- * call {@code ndb_backend.process_element(value)} (or {@code process_element1}/{@code 2})
- * instead, which runs the operation and returns the record's outputs as one Python list (an
- * {@code ArrayList} here, each element converted by PEMJA as {@code PyIterator.next()} converts
- * it); they are emitted in the same order once the function has returned. Side outputs are
- * emitted while it runs, as before.
+ * TaskManager share, so a record without output takes it three times and one with one output
+ * four. The bridge's operators call {@code ndb_backend.process_element(value)} (or {@code
+ * process_element1}/{@code 2}) instead, which runs the operation and returns the record's
+ * outputs as one Python list (an {@code ArrayList} here, each element converted by PEMJA as
+ * {@code PyIterator.next()} converts it), emitted in the same order once the call has returned;
+ * beyond {@code OUTPUTS_PER_CALL} (1,024) outputs Python returns the first ones and the
+ * generator of the rest, which is iterated as PyFlink does ({@code
+ * pyflink_ndb.runtime.backend.drain_outputs}). An operator with side outputs keeps PyFlink's
+ * path: its side outputs leave while the outputs are iterated, interleaved with them.
  */
 final class RecordCall<OUT> {
 
@@ -39,12 +43,31 @@ final class RecordCall<OUT> {
             PythonInterpreter interpreter,
             String method,
             Object value,
-            TimestampedCollector<OUT> collector) {
+            TimestampedCollector<OUT> collector)
+            throws Exception {
         Object results = interpreter.invokeMethod(StateBackendHooks.PY_BACKEND, method, value);
-        if (results != null) {
-            for (Object result : (List<?>) results) {
-                collector.collect(outputConverter.toInternal(result));
+        if (results == null) {
+            return;
+        }
+        if (results instanceof List) {
+            emit((List<?>) results, collector);
+            return;
+        }
+        Object[] parts = (Object[]) results; // (the first outputs, the generator of the rest)
+        emit((List<?>) parts[0], collector);
+        PyIterator rest = (PyIterator) parts[1];
+        try {
+            while (rest.hasNext()) {
+                collector.collect(outputConverter.toInternal(rest.next()));
             }
+        } finally {
+            rest.close();
+        }
+    }
+
+    private void emit(List<?> outputs, TimestampedCollector<OUT> collector) {
+        for (Object result : outputs) {
+            collector.collect(outputConverter.toInternal(result));
         }
     }
 }
