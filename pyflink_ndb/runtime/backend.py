@@ -262,7 +262,8 @@ class SubtaskStateBackend:
 
     # -- current key ----------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:
-        """Make `key` the current Flink key; asks Java for its key group once per key."""
+        """Make `key` the current Flink key; its key group is computed (or asked of Java)
+        once per key and remembered (:data:`KEY_GROUP_MEMO_ENTRIES` keys at least)."""
         if key is self.current_key and self.current_key_bytes is not None:
             return
         key_bytes = encode_key(key)
