@@ -40,17 +40,26 @@ from pyflink_ndb.stores.views import (
     views_sql,
 )
 
-_url = click.option("--url", required=True, envvar="PYFLINK_NDB_URL",
+_url = click.option("--url", required=True, envvar="PYFLINK_NDB_URL", show_envvar=True,
                     help="state.backend.ndb.url, e.g. mysql://root@127.0.0.1:3306/test.")
 _namespace = click.option("--namespace", default="default", show_default=True)
 
 
 def _open(url: str, namespace: str) -> StateStore:
-    """Open an existing namespace read-only; a one-line error instead of a traceback."""
+    """Open an existing namespace read-only; a one-line error instead of a traceback (for
+    a namespace the store does not hold, one that names those it holds)."""
     try:
         return open_store(NdbStateOptions(url=resolve_sqlite_url(url), namespace=namespace),
                           create=False)
     except NdbStateError as err:
+        probe = _connect_only(url, namespace)
+        try:
+            if namespace not in list_namespaces(probe):
+                raise _no_namespace(probe, namespace) from err
+        except NdbStateError:
+            pass  # the probe failed too: the first error says more
+        finally:
+            probe.close()
         raise click.ClickException(str(err)) from err
 
 
@@ -131,7 +140,8 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
                 entry.update(value=value, checkpoint=row["checkpoint"])
                 click.echo(json.dumps(entry, default=repr))
                 printed += 1
-        click.echo(f"-- {printed} committed entries printed from {store.describe()}", err=True)
+        noun = "entry" if printed == 1 else "entries"
+        click.echo(f"-- {printed} committed {noun} printed from {store.describe()}", err=True)
 
 
 def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
@@ -247,7 +257,7 @@ def migrate(url: str, namespace: str) -> None:
 
 
 @main.command()
-@click.option("--url", default=None, envvar="PYFLINK_NDB_URL",
+@click.option("--url", default=None, envvar="PYFLINK_NDB_URL", show_envvar=True,
               help="Also check that this store answers (state.backend.ndb.url).")
 def doctor(url: str | None) -> None:
     """Check what thread-mode jobs with tiered state need on this machine."""

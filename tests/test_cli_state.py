@@ -468,3 +468,17 @@ def test_row_keys_are_found_by_get_and_by_the_prefix_scan_prints(tmp_path: Path)
     assert "x is not a literal" in bad.output and "ast." not in bad.output
     bad = run("get", *where, "--state", "total", "--key-type", "int", "x", ok=False)
     assert "not a key of type int" in bad.output and "Row(" not in bad.output
+
+
+def test_a_namespace_the_store_lacks_names_those_it_holds(store: StateStore, store_kind: str,
+                                                        mysql_url: str, tmp_path: Path):
+    """Found by a new user: on SQLite, `query` with the wrong namespace named none."""
+    url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite" else mysql_url)
+    model = populate(store, url, chunks=1, chunk=20)
+    missing = unique_namespace("absent")
+    for command in ("query", "scan"):
+        out = run(command, "--url", url, "--namespace", missing, ok=False)
+        assert f"no pyflink-ndb namespace {missing!r}" in out.output, out.output
+        assert model.namespace in out.output.split("its namespaces:")[1], out.output
+    out = run("query", *base(model))
+    assert "committed entr" in out.stderr
