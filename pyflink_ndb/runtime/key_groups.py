@@ -152,7 +152,7 @@ class KeyGroupCalculator:
             return None
         if self.offset:
             code = _signed(code + self.offset)
-        return murmur_hash(code) % self.max_parallelism
+        return key_group_of_hash(code, self.max_parallelism)
 
     def check(self, key: Any, mine: int, java: int) -> None:
         """Compare one of the first answers with Java's; a difference turns the

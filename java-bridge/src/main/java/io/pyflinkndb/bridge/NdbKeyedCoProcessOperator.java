@@ -10,7 +10,6 @@ import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionI
 import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.python.embedded.AbstractEmbeddedDataStreamPythonFunctionOperator;
 import org.apache.flink.streaming.api.operators.python.embedded.EmbeddedPythonKeyedCoProcessOperator;
-import org.apache.flink.streaming.api.utils.PythonTypeUtils;
 import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 
 /**
@@ -33,13 +32,9 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
 
     private transient StateBackendHooks hooks;
 
-    /** The input converters of {@link #processElement1} and {@link #processElement2} (the base
-     * class's are private). */
-    private transient PythonTypeUtils.DataConverter<IN1, Object> ndbInputConverter1;
+    private transient RecordCall<IN1, OUT> recordCall1;
 
-    private transient PythonTypeUtils.DataConverter<IN2, Object> ndbInputConverter2;
-
-    private transient RecordCall<OUT> recordCall;
+    private transient RecordCall<IN2, OUT> recordCall2;
 
     public NdbKeyedCoProcessOperator(
             Configuration config,
@@ -75,11 +70,8 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
     @Override
     public void open() throws Exception {
         super.open();
-        ndbInputConverter1 =
-                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo1);
-        ndbInputConverter2 =
-                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo2);
-        recordCall = new RecordCall<>(ndbOutputTypeInfo);
+        recordCall1 = new RecordCall<>("process_element1", ndbInputTypeInfo1, ndbOutputTypeInfo);
+        recordCall2 = new RecordCall<>("process_element2", ndbInputTypeInfo2, ndbOutputTypeInfo);
     }
 
     /** What PyFlink's {@code processElement1} does, in one call into the interpreter ({@link
@@ -90,13 +82,8 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
             super.processElement1(element);
             return;
         }
-        collector.setTimestamp(element);
         timestamp = element.getTimestamp();
-        recordCall.process(
-                interpreter,
-                "process_element1",
-                ndbInputConverter1.toExternal(element.getValue()),
-                collector);
+        recordCall1.process(interpreter, element, collector);
     }
 
     /** The same for the second input. */
@@ -106,13 +93,8 @@ public class NdbKeyedCoProcessOperator<K, IN1, IN2, OUT>
             super.processElement2(element);
             return;
         }
-        collector.setTimestamp(element);
         timestamp = element.getTimestamp();
-        recordCall.process(
-                interpreter,
-                "process_element2",
-                ndbInputConverter2.toExternal(element.getValue()),
-                collector);
+        recordCall2.process(interpreter, element, collector);
     }
 
     @Override

@@ -45,10 +45,7 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
 
     private final String stateOptionsJson;
 
-    /** The input converter of {@link #processRecord} (the base class's is private). */
-    private transient PythonTypeUtils.DataConverter<IN, Object> ndbInputConverter;
-
-    private transient RecordCall<OUT> recordCall;
+    private transient RecordCall<IN, OUT> recordCall;
 
     private transient StateBackendHooks hooks;
 
@@ -99,9 +96,7 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
     @Override
     public void open() throws Exception {
         super.open();
-        ndbInputConverter =
-                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo);
-        recordCall = new RecordCall<>(ndbOutputTypeInfo);
+        recordCall = new RecordCall<>("process_element", ndbInputTypeInfo, ndbOutputTypeInfo);
         readAhead = null;
         String backendClass = getKeyedStateBackend().getClass().getName();
         if (!backendClass.contains("BatchExecution")) {
@@ -198,13 +193,8 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
             super.processElement(element);
             return;
         }
-        collector.setTimestamp(element);
         timestamp = element.getTimestamp();
-        recordCall.process(
-                interpreter,
-                "process_element",
-                ndbInputConverter.toExternal(element.getValue()),
-                collector);
+        recordCall.process(interpreter, element, collector);
     }
 
     @Override

@@ -11,7 +11,6 @@ import org.apache.flink.streaming.api.functions.python.DataStreamPythonFunctionI
 import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.python.DataStreamPythonFunctionOperator;
 import org.apache.flink.streaming.api.operators.python.embedded.EmbeddedPythonWindowOperator;
-import org.apache.flink.streaming.api.utils.PythonTypeUtils;
 import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 import org.apache.flink.table.runtime.operators.window.Window;
 
@@ -37,10 +36,7 @@ public class NdbWindowOperator<K, IN, OUT, W extends Window>
 
     private transient StateBackendHooks hooks;
 
-    /** The input converter of {@link #processElement} (the base class's is private). */
-    private transient PythonTypeUtils.DataConverter<IN, Object> ndbInputConverter;
-
-    private transient RecordCall<OUT> recordCall;
+    private transient RecordCall<IN, OUT> recordCall;
 
     public NdbWindowOperator(
             Configuration config,
@@ -76,9 +72,7 @@ public class NdbWindowOperator<K, IN, OUT, W extends Window>
     @Override
     public void open() throws Exception {
         super.open();
-        ndbInputConverter =
-                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(ndbInputTypeInfo);
-        recordCall = new RecordCall<>(ndbOutputTypeInfo);
+        recordCall = new RecordCall<>("process_element", ndbInputTypeInfo, ndbOutputTypeInfo);
     }
 
     /** What PyFlink's {@code processElement} does, in one call into the interpreter ({@link
@@ -89,13 +83,8 @@ public class NdbWindowOperator<K, IN, OUT, W extends Window>
             super.processElement(element);
             return;
         }
-        collector.setTimestamp(element);
         timestamp = element.getTimestamp();
-        recordCall.process(
-                interpreter,
-                "process_element",
-                ndbInputConverter.toExternal(element.getValue()),
-                collector);
+        recordCall.process(interpreter, element, collector);
     }
 
     @Override

@@ -3,6 +3,7 @@ package io.pyflinkndb.bridge;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.streaming.api.operators.TimestampedCollector;
 import org.apache.flink.streaming.api.utils.PythonTypeUtils;
+import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 
 import pemja.core.PythonInterpreter;
 import pemja.core.object.PyIterator;
@@ -26,26 +27,42 @@ import java.util.List;
  * pyflink_ndb.runtime.backend.drain_outputs}). An operator with side outputs keeps PyFlink's
  * path: its side outputs leave while the outputs are iterated, interleaved with them.
  */
-final class RecordCall<OUT> {
+final class RecordCall<IN, OUT> {
+
+    /** {@code process_element}, or {@code process_element1}/{@code 2} of a two-input operation. */
+    private final String method;
+
+    private final PythonTypeUtils.DataConverter<IN, Object> inputConverter;
 
     private final PythonTypeUtils.DataConverter<OUT, Object> outputConverter;
 
-    RecordCall(TypeInformation<OUT> outputTypeInfo) {
+    RecordCall(
+            String method,
+            TypeInformation<IN> inputTypeInfo,
+            TypeInformation<OUT> outputTypeInfo) {
+        this.method = method;
+        this.inputConverter =
+                PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(inputTypeInfo);
         this.outputConverter =
                 PythonTypeUtils.TypeInfoToDataConverter.typeInfoDataConverter(outputTypeInfo);
     }
 
     /**
-     * Calls {@code ndb_backend.<method>(value)} and emits its outputs to {@code collector} (whose
-     * timestamp the caller has set, as PyFlink's operator does).
+     * Sets the collector's timestamp to the record's (as PyFlink's operator does; the caller sets
+     * its own {@code timestamp} field, which is its base class's), calls {@code
+     * ndb_backend.<method>(value)} and emits the outputs to {@code collector}.
      */
     void process(
             PythonInterpreter interpreter,
-            String method,
-            Object value,
+            StreamRecord<IN> element,
             TimestampedCollector<OUT> collector)
             throws Exception {
-        Object results = interpreter.invokeMethod(StateBackendHooks.PY_BACKEND, method, value);
+        collector.setTimestamp(element);
+        Object results =
+                interpreter.invokeMethod(
+                        StateBackendHooks.PY_BACKEND,
+                        method,
+                        inputConverter.toExternal(element.getValue()));
         if (results == null) {
             return;
         }
