@@ -11,8 +11,9 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from pyflink.common import Configuration, Types
-from pyflink.datastream import KeyedProcessFunction, StreamExecutionEnvironment
+from conftest import thread_mode_env
+from pyflink.common import Types
+from pyflink.datastream import KeyedProcessFunction
 from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
@@ -193,12 +194,7 @@ class CheckKeyGroups(KeyedProcessFunction):
     ("INT", INTS + list(range(-700, 700))),
 ])
 def test_every_record_in_a_job_gets_flinks_key_group(key_type, keys, tmp_path):
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(2)
+    env = thread_mode_env(2)
     kind = getattr(Types, key_type)()
     stream = env.from_collection([(k,) for k in keys], type_info=Types.TUPLE([kind]))
     keyed = stream.key_by(lambda r: r[0], key_type=kind)

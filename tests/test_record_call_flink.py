@@ -11,8 +11,9 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from pyflink.common import Configuration, Types
-from pyflink.datastream import KeyedProcessFunction, OutputTag, StreamExecutionEnvironment
+from conftest import thread_mode_env
+from pyflink.common import Types
+from pyflink.datastream import KeyedProcessFunction, OutputTag
 from pyflink.datastream.state import ValueStateDescriptor
 
 import pyflink_ndb
@@ -61,12 +62,7 @@ class Fanning(KeyedProcessFunction):
 
 def run(records: list[tuple[str, int]], tmp_path: Path, side: bool
         ) -> tuple[list[str], list[str], list[str]]:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(1)  # one subtask: its outputs arrive in the order it emitted them
+    env = thread_mode_env(1)  # one subtask: its outputs arrive in the order it emitted them
     stream = env.from_collection(records, type_info=Types.TUPLE([Types.STRING(), Types.INT()]))
     report = tmp_path / "report.txt"
     options = {"state.backend.ndb.url": f"sqlite:///{tmp_path / 'state.sqlite'}",
