@@ -27,6 +27,7 @@ from pyflink.datastream.state import (
     ValueStateDescriptor,
 )
 
+from pyflink_ndb.checkpoint import protocol
 from pyflink_ndb.cli import main as cli
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, FencedError, StaleReadError
@@ -304,6 +305,30 @@ def test_cleanup_spends_its_budget_on_a_large_abandoned_snapshot(store, local_di
     b.put("x", 4)
     b.checkpoint(4)
     assert store.count_rows() <= 3, store.count_rows()
+
+
+def test_cleanup_out_of_time_leaves_the_rest_to_the_next_checkpoint(store, local_dir,
+                                                                   monkeypatch):
+    """The wall-clock bound of a checkpoint's background work: with no time left the
+    cleanup deletes nothing and loses nothing; the next checkpoint with time finishes it."""
+    options = NdbStateOptions(cache_max_entries=100_000, checkpoints_retained=1)
+    a = Job(store, 1, local_dir, options)
+    a.put("x", 0)
+    first = a.checkpoint(1)
+    for k in range(50):
+        a.put(f"k{k}", 2)
+    a.snapshot(2)  # never completed: 50 abandoned rows once the job fails over
+    a.crash()
+    rows = store.count_rows()
+    monkeypatch.setattr(protocol, "BACKGROUND_SECONDS_PER_CHECKPOINT", -1.0)
+    b = Job(store, 1, local_dir, options, first, attempt=1)
+    b.checkpoint(3)
+    assert store.count_rows() == rows  # out of time before its first statement
+    assert b.get("x") == 0 and b.get("k1") is None
+    monkeypatch.setattr(protocol, "BACKGROUND_SECONDS_PER_CHECKPOINT", 3600.0)
+    b.checkpoint(4)
+    assert store.count_rows() <= 3, store.count_rows()
+    assert b.get("x") == 0 and b.get("k1") is None
 
 
 # == attacks that held =====================================================================
