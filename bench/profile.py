@@ -270,6 +270,56 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far, all its threads (from
+    /proc/<pid>/stat; 0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def database_pids() -> list[int]:
+    """The pids of this machine's MySQL-protocol servers (`mariadbd`, `mysqld`)."""
+    out = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() in ("mariadbd", "mysqld"):
+                out.append(int(comm.parent.name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+class CpuMeter:
+    """CPU seconds of the JVM, the processes below it (pyflink-ndb's write processes) and
+    the database server, between :meth:`start` and :meth:`stop`: who the job's records
+    cost, on a machine where all of them share the same CPUs."""
+
+    def __init__(self, jvm: int) -> None:
+        self.jvm = jvm
+        self.before: dict[str, float] = {}
+        self.children: dict[int, float] = {}
+        self.started = 0.0
+
+    def _sample(self) -> dict[str, float]:
+        for pid in descendants(self.jvm):  # a child may start and end within the window
+            self.children[pid] = max(self.children.get(pid, 0.0), cpu_seconds(pid))
+        return {"jvm": cpu_seconds(self.jvm), "children": sum(self.children.values()),
+                "database": sum(cpu_seconds(p) for p in database_pids())}
+
+    def start(self) -> None:
+        self.before = self._sample()
+        self.started = time.time()
+
+    def stop(self) -> dict[str, float]:
+        """CPUs used on average by each group over the window (1.0: one CPU busy)."""
+        after = self._sample()
+        seconds = time.time() - self.started
+        return {k: (after[k] - self.before[k]) / seconds for k in after}
+
+
 class RssSampler(threading.Thread):
     """VmRSS of a process every `interval_s`: (time.time(), kB) samples."""
 
@@ -372,7 +422,11 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
         UserProfile(str(rates), "off" if options else extra.get(CPU_PIN_OPTION, "off")),
         OPERATOR, options,
         f"bench-profile-{key}", rates, parallelism, "profile job")
-    time.sleep(duration_s)
+    meter = CpuMeter(jvm)
+    time.sleep(min(warmup_s, duration_s))
+    meter.start()
+    time.sleep(max(0.0, duration_s - warmup_s))
+    cpus = meter.stop()
     metrics: dict[str, float] = {}
     try:
         stats = checkpoint_stats(port, job_id)
@@ -428,7 +482,7 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
         "embedded_python": any("libpython" in line for line in
                                Path(f"/proc/{jvm}/maps").read_text().splitlines())
         if Path(f"/proc/{jvm}/maps").exists() else None,
-        "metrics": metrics, "restore_mode": restore_mode,
+        "metrics": metrics, "restore_mode": restore_mode, "cpus": cpus,
         "options": {k: v for k, v in {**options, **extra}.items() if "password" not in k},
     }
     durations = checkpoint_durations(checkpoints)
@@ -584,6 +638,17 @@ def _mib(kb: int | None) -> str:
     return "–" if kb is None else f"{kb / 1024:,.0f}"
 
 
+def _cpus(run: dict[str, Any]) -> str:
+    """`JVM + children + database (µs per record)` of a run's :class:`CpuMeter` figures."""
+    cpus, rate = run.get("cpus"), run.get("records_per_s")
+    if not cpus:
+        return "–"
+    total = sum(cpus.values())
+    per_record = f" ({total / rate * 1e6:,.0f})" if rate else ""
+    return (f"{cpus['jvm']:.2f} + {cpus['children']:.2f} + {cpus['database']:.2f}"
+            + per_record)
+
+
 def markdown(r: dict[str, Any]) -> list[str]:
     """The part's section of summary.md."""
     sb = r["state_bytes"]
@@ -611,15 +676,16 @@ def markdown(r: dict[str, Any]) -> list[str]:
              "| backend | records/s | × best RocksDB | worst / best second | users seen "
              "| checkpoints completed (failed) | end-to-end ms median / max | barrier start "
              "delay ms median | sync ms median / max | async ms median | checkpointed size "
-             "median | JVM peak RSS MiB | RSS before submit MiB | load avg before / after |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "median | JVM peak RSS MiB | RSS before submit MiB | CPUs: JVM + write processes + "
+             "database (CPU µs per record) | load avg before / after |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in r["runs"].values():
         load = ("–" if "loadavg_before" not in run else
                 f"{run['loadavg_before'][0]:.2f} / {run['loadavg_after'][0]:.2f}"
                 + (f" (max {run['loadavg_max']:.2f})" if "loadavg_max" in run else ""))
         if "error" in run:
             lines.append(f"| {run['label']} | failed: {run['error'][:120]} | | | | | | | | "
-                         f"| | | | {load} |")
+                         f"| | | | | {load} |")
             continue
 
         def f(name: str, fmt: str = "{:,.0f}", run: dict = run) -> str:
@@ -634,7 +700,8 @@ def markdown(r: dict[str, Any]) -> list[str]:
             f"| {f('sync_median_ms', '{:,.1f}')} / {f('sync_max_ms')} "
             f"| {f('async_median_ms')} "
             f"| {size} "
-            f"| {_mib(run['java_hwm_kb'])} | {_mib(run['rss_before_submit_kb'])} | {load} |")
+            f"| {_mib(run['java_hwm_kb'])} | {_mib(run['rss_before_submit_kb'])} "
+            f"| {_cpus(run)} | {load} |")
     notes = []
     for run in r["runs"].values():
         m = run.get("metrics") or {}
