@@ -19,6 +19,7 @@ from pyflink.datastream.state import ValueStateDescriptor
 from tcp_proxy import TcpProxy, proxied_mysql_url
 from test_render_process import _fill, _options, _rows, _run, namespaces  # noqa: F401
 
+from pyflink_ndb.checkpoint.writer import WRITER_PACE, WRITER_PACE_WITH_PROCESS
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, FencedError
 from pyflink_ndb.stores.factory import open_store
@@ -251,6 +252,7 @@ def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer
         process = sub.backend.protocol.render_process
         assert proxy.refused >= 3 and process is not None
         assert process.written_epochs == 0 and not process.usable  # 3 tries, then off
+        assert sub.backend.protocol.writer.pace == WRITER_PACE  # it runs the statements
         assert sub.backend.protocol.epochs_failed == 0
         said = caplog.text
         assert "too many connections" in said and "Start the MySQL server" not in said
@@ -454,6 +456,9 @@ def test_auto_decides_by_the_usable_cpus_and_logs_its_decision(
             assert process is not None and process.written_epochs == 2
         else:
             assert process is None
+        # The writer paces itself only where it runs the statements itself.
+        assert sub.backend.protocol.writer.pace == (
+            WRITER_PACE_WITH_PROCESS if on else WRITER_PACE)
         assert not [r for r in caplog.records if "is ignored" in r.getMessage()]
     finally:
         sub.close()

@@ -29,7 +29,15 @@ from functools import partial
 from itertools import chain
 
 from pyflink_ndb.checkpoint.gc import Deletion, EntryRef, VersionLedger
-from pyflink_ndb.checkpoint.writer import BackgroundWriter, Job, Outcome, Preempted, WriteCancelled
+from pyflink_ndb.checkpoint.writer import (
+    WRITER_PACE,
+    WRITER_PACE_WITH_PROCESS,
+    BackgroundWriter,
+    Job,
+    Outcome,
+    Preempted,
+    WriteCancelled,
+)
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.cpu_pin import usable_cpus
 from pyflink_ndb.errors import (
@@ -219,6 +227,8 @@ class CheckpointProtocol:
         #: `write.process` resolved on this TaskManager (`auto`: by its usable CPUs).
         cpus = usable_cpus()
         self.write_process = options.write_process_wanted(cpus)
+        if self.write_process and self._child_applies:
+            self.writer.pace = WRITER_PACE_WITH_PROCESS
         if options.write_process == "auto" and self._child_applies:
             log.info("pyflink-ndb %s/%d: write.process auto: %s (this TaskManager may use "
                      "%g CPUs; on from 2)", scope.operator, scope.subtask_index,
@@ -558,7 +568,10 @@ class CheckpointProtocol:
             self.render_process = RenderProcess(
                 f"{self.scope.operator}/{self.scope.subtask_index}",
                 kind="write" if self.write_process else "render")
-        return self.render_process if self.render_process.usable else None
+        if self.render_process.usable:
+            return self.render_process
+        self.writer.pace = WRITER_PACE  # the writer runs the statements again
+        return None
 
     def settle(self, raise_fenced: bool = True) -> None:
         """Task thread, at every hook: take the writer's outcomes. A durable epoch stops
