@@ -22,7 +22,8 @@ the peak of that backend alone. In a local MiniCluster the JVM that PyFlink star
 the JobManager, the TaskManager and, in thread mode (PEMJA), the embedded CPython that
 runs the Python operators (and with it pyflink-ndb's LRU, its RocksDB tier and the
 database drivers); psutil is not installed, so the figures come from /proc/<pid>/status.
-A backend that fails is recorded with its error; the part never fails.
+A backend that fails is recorded with its error; the part never fails. CPU figures come
+from /proc/<pid>/stat (:class:`CpuMeter`).
 """
 
 from __future__ import annotations
@@ -256,11 +257,9 @@ def descendants(pid: int) -> list[int]:
     """Every process below `pid` (from /proc/*/stat)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
+        fields = stat_fields(int(stat.parent.name))
+        if fields is None:
             continue
-        fields = text.rpartition(")")[2].split()
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     out, todo = [], [pid]
     while todo:
@@ -270,14 +269,32 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far, all its threads (from
-    /proc/<pid>/stat; 0.0 once it is gone)."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (field 3 on: state, ppid,
+    ...), or None once the process is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
+        return None
+
+
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
+    """User + system CPU seconds of process `pid` so far, all its threads (0.0 once it is
+    gone); `reaped_children`: plus those of its children it has waited for (cutime,
+    cstime)."""
+    fields = stat_fields(pid)
+    if fields is None:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def database_cpu_seconds() -> tuple[float, int]:
+    """CPU seconds so far of this machine's MySQL-protocol servers, and how many run."""
+    pids = database_pids()
+    return sum(cpu_seconds(p) for p in pids), len(pids)
 
 
 def database_pids() -> list[int]:
@@ -294,29 +311,37 @@ def database_pids() -> list[int]:
 
 class CpuMeter:
     """CPU seconds of the JVM, the processes below it (pyflink-ndb's write processes) and
-    the database server, between :meth:`start` and :meth:`stop`: who the job's records
-    cost, on a machine where all of them share the same CPUs."""
+    the database servers of the machine, between :meth:`start` and :meth:`stop`: who the
+    job's records cost, on a machine where all of them share the same CPUs.
+
+    Children are read at both ends, plus what the JVM's reaped children used (a write
+    process that ends in the window counts there with its whole life: approximate when
+    a child restarts in the window). The database figure is the whole server's, whoever
+    its clients are."""
 
     def __init__(self, jvm: int) -> None:
         self.jvm = jvm
         self.before: dict[str, float] = {}
-        self.children: dict[int, float] = {}
         self.started = 0.0
 
     def _sample(self) -> dict[str, float]:
-        for pid in descendants(self.jvm):  # a child may start and end within the window
-            self.children[pid] = max(self.children.get(pid, 0.0), cpu_seconds(pid))
-        return {"jvm": cpu_seconds(self.jvm), "children": sum(self.children.values()),
-                "database": sum(cpu_seconds(p) for p in database_pids())}
+        live = sum(cpu_seconds(pid) for pid in descendants(self.jvm))
+        jvm_with_reaped = cpu_seconds(self.jvm, reaped_children=True)
+        jvm = cpu_seconds(self.jvm)
+        return {"jvm": jvm, "children": live + jvm_with_reaped - jvm,
+                "database": database_cpu_seconds()[0]}
 
     def start(self) -> None:
         self.before = self._sample()
-        self.started = time.time()
+        self.started = time.monotonic()
 
     def stop(self) -> dict[str, float]:
-        """CPUs used on average by each group over the window (1.0: one CPU busy)."""
+        """CPUs used on average by each group over the window (1.0: one CPU busy); {}
+        for a window under a second (nothing to tell)."""
         after = self._sample()
-        seconds = time.time() - self.started
+        seconds = time.monotonic() - self.started
+        if seconds < 1.0:
+            return {}
         return {k: (after[k] - self.before[k]) / seconds for k in after}
 
 
@@ -523,10 +548,10 @@ def other_jobs() -> list[str]:
     mine = {os.getpid(), *descendants(os.getpid())}
     pid = os.getpid()
     while pid > 1:
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
+        fields = stat_fields(pid)
+        if fields is None:
             break
+        pid = int(fields[1])
         mine.add(pid)
     try:
         lines = subprocess.run(["pgrep", "-fa", "pytest|bench.run"], capture_output=True,
@@ -639,11 +664,13 @@ def _mib(kb: int | None) -> str:
 
 
 def _cpus(run: dict[str, Any]) -> str:
-    """`JVM + children + database (µs per record)` of a run's :class:`CpuMeter` figures."""
+    """`JVM + children + database (µs per record)` of a run's :class:`CpuMeter` figures;
+    a Flink backend's per-record sum leaves the database out (the job does not use it)."""
     cpus, rate = run.get("cpus"), run.get("records_per_s")
     if not cpus:
         return "–"
-    total = sum(cpus.values())
+    total = cpus["jvm"] + cpus["children"] + (
+        cpus["database"] if run.get("restore_mode") is not None else 0.0)
     per_record = f" ({total / rate * 1e6:,.0f})" if rate else ""
     return (f"{cpus['jvm']:.2f} + {cpus['children']:.2f} + {cpus['database']:.2f}"
             + per_record)
@@ -677,7 +704,8 @@ def markdown(r: dict[str, Any]) -> list[str]:
              "| checkpoints completed (failed) | end-to-end ms median / max | barrier start "
              "delay ms median | sync ms median / max | async ms median | checkpointed size "
              "median | JVM peak RSS MiB | RSS before submit MiB | CPUs: JVM + write processes + "
-             "database (CPU µs per record) | load avg before / after |",
+             "database server (CPU µs per record; Flink's backends: without the database) "
+             "| load avg before / after |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in r["runs"].values():
         load = ("–" if "loadavg_before" not in run else

@@ -530,22 +530,26 @@ def wait_for_quiet_database() -> dict[str, Any]:
     not take the TaskManager's CPUs. Applied to every backend alike; the wait and the
     server's CPUs at the failure are in the result.
 
-    :returns: `quiet_wait_s` (seconds waited) and `database_cpus_at_failure` (CPUs the
-        server used in the last window).
+    :returns: `quiet_wait_s` (seconds waited, at least one window),
+        `database_cpus_at_failure` (CPUs the servers used in the last window),
+        `quiet_timed_out` (gave up after :data:`QUIET_MAX_WAIT_S`) and `database_servers`
+        (how many were found; none: no wait beyond one window).
     """
-    from bench.profile import cpu_seconds, database_pids
+    from bench.profile import database_cpu_seconds
 
     started = time.monotonic()
-    pids = database_pids()
-    before = sum(cpu_seconds(p) for p in pids)
+    before, servers = database_cpu_seconds()
+    mark = started
     while True:
         time.sleep(QUIET_WINDOW_S)
-        now = sum(cpu_seconds(p) for p in pids)
-        cpus = (now - before) / QUIET_WINDOW_S
-        before = now
-        if cpus < QUIET_CPUS or time.monotonic() - started > QUIET_MAX_WAIT_S:
-            return {"quiet_wait_s": time.monotonic() - started,
-                    "database_cpus_at_failure": cpus}
+        now, servers = database_cpu_seconds()
+        at = time.monotonic()
+        cpus = (now - before) / (at - mark)
+        before, mark = now, at
+        timed_out = at - started > QUIET_MAX_WAIT_S
+        if (servers and 0 <= cpus < QUIET_CPUS) or timed_out or not servers:
+            return {"quiet_wait_s": at - started, "database_cpus_at_failure": cpus,
+                    "quiet_timed_out": timed_out, "database_servers": servers}
 
 
 def run_backend(key: str, keys: int, mysql_url: str, prefix: str, work: str,
@@ -1067,8 +1071,9 @@ def _load(run: Mapping[str, Any]) -> str:
     if "loadavg_before" not in run:
         return "–"
     quiet = ("" if "quiet_wait_s" not in run else
-             f"; database quiet {run['quiet_wait_s']:.1f} s after the covering checkpoint "
-             f"({run['database_cpus_at_failure']:.2f} CPU at the failure)")
+             f"; waited {run['quiet_wait_s']:.1f} s for a quiet database"
+             + (" and gave up" if run.get("quiet_timed_out") else "")
+             + f" ({run['database_cpus_at_failure']:.2f} CPU at the failure)")
     return (f"{run['loadavg_before'][0]:.1f} / {run['loadavg_after'][0]:.1f} "
             f"(max {run['loadavg_max']:.1f}){quiet}")
 

@@ -202,13 +202,15 @@ def _no_subtask_left_open() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _background_work_bounded_by_statements_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lift the wall-clock bound of each completed checkpoint's cleanup and adoption
+    """Lift, in every test of this process, the wall-clock bound of each completed
+    checkpoint's cleanup and adoption
     (:data:`~pyflink_ndb.checkpoint.protocol.BACKGROUND_SECONDS_PER_CHECKPOINT`, 0.25 s).
 
     Tests count what one checkpoint's budget of statements removes; on a loaded machine
     (CI runs the whole suite on 2 cores) a quarter second can pass before the budget is
-    spent, and the rest waits for the next checkpoint. That bound has its own test
-    (tests/test_history_adversarial.py), which sets it back."""
+    spent, and the rest waits for the next checkpoint (CI failed once so). The bound has
+    its own test (tests/test_history_adversarial.py, which sets it to run out); Flink
+    tests run their subtasks in the JVM's interpreter, which keeps it."""
     monkeypatch.setattr(protocol, "BACKGROUND_SECONDS_PER_CHECKPOINT", 3600.0)
 
 

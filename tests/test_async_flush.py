@@ -959,7 +959,7 @@ def test_the_writer_sleeps_as_long_as_the_cpu_time_it_used_since_its_last_yield(
     assert slept == pytest.approx([0.01 * writer_module.WRITER_PACE,
                                    0.004 * writer_module.WRITER_PACE,
                                    writer_module.MAX_PACE_SLEEP_S, 0])
-    writer.pace = writer_module.WRITER_PACE_WITH_PROCESS  # the write process's writer
+    writer.pace = lambda: writer_module.WRITER_PACE_WITH_PROCESS  # the write process's
     slept.clear()
     cpu = iter([20.0, 20.0, 20.3, 20.3])
     writer._cpu_mark = 19.99

@@ -113,11 +113,23 @@ def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the
         return real(self, request, *args, **kwargs)
 
     monkeypatch.setattr(RenderProcess, "_store_call", kill_at_the_third)
+    wstore = sub.backend.protocol.wstore
+    paces: list[float] = []  # the writer's pace whenever it writes a slice itself
+    real_write = type(wstore).write_versions
+
+    def write_here(self, *args, **kwargs):
+        paces.append(sub.backend.protocol.writer.pace())
+        return real_write(self, *args, **kwargs)
+
+    # On the class: the store is pickled for the child, a patched instance would not be.
+    monkeypatch.setattr(type(wstore), "write_versions", write_here)
+    assert sub.backend.protocol.writer.pace() == WRITER_PACE_WITH_PROCESS
     for key in keys:
         sub.key(key)
         value.update(("two", key))
     sub.checkpoint(2)  # slices 1-2 by the child, 3 on by the writer: no failed checkpoint
     assert slices.count("write") == 3 and process.fallbacks == 1
+    assert paces and set(paces) == {WRITER_PACE}  # the writer paces what it writes
     assert process.written_epochs == 1
     assert sub.backend.protocol.epochs_failed == 0
     monkeypatch.setattr(RenderProcess, "_store_call", real)
@@ -252,7 +264,7 @@ def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer
         process = sub.backend.protocol.render_process
         assert proxy.refused >= 3 and process is not None
         assert process.written_epochs == 0 and not process.usable  # 3 tries, then off
-        assert sub.backend.protocol.writer.pace == WRITER_PACE  # it runs the statements
+        assert sub.backend.protocol.writer.pace() == WRITER_PACE  # it runs the statements
         assert sub.backend.protocol.epochs_failed == 0
         said = caplog.text
         assert "too many connections" in said and "Start the MySQL server" not in said
@@ -389,6 +401,7 @@ def test_a_store_that_cannot_be_pickled_is_written_by_the_writer_and_logged_once
                 sub.checkpoint(checkpoint_id)  # GC of checkpoint 2's versions runs after 3
         process = sub.backend.protocol.render_process
         assert process is not None and process.unpicklable_store is not None
+        assert sub.backend.protocol.writer.pace() == WRITER_PACE  # it writes itself
         assert "_thread.lock" in process.unpicklable_store
         assert process.written_epochs == 1  # checkpoint 1, before the lock was set
         lines = [r for r in caplog.records if "cannot be handed to the write process" in
@@ -457,7 +470,7 @@ def test_auto_decides_by_the_usable_cpus_and_logs_its_decision(
         else:
             assert process is None
         # The writer paces itself only where it runs the statements itself.
-        assert sub.backend.protocol.writer.pace == (
+        assert sub.backend.protocol.writer.pace() == (
             WRITER_PACE_WITH_PROCESS if on else WRITER_PACE)
         assert not [r for r in caplog.records if "is ignored" in r.getMessage()]
     finally:

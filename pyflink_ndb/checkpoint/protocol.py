@@ -227,8 +227,7 @@ class CheckpointProtocol:
         #: `write.process` resolved on this TaskManager (`auto`: by its usable CPUs).
         cpus = usable_cpus()
         self.write_process = options.write_process_wanted(cpus)
-        if self.write_process and self._child_applies:
-            self.writer.pace = WRITER_PACE_WITH_PROCESS
+        self.writer.pace = self._writer_pace
         if options.write_process == "auto" and self._child_applies:
             log.info("pyflink-ndb %s/%d: write.process auto: %s (this TaskManager may use "
                      "%g CPUs; on from 2)", scope.operator, scope.subtask_index,
@@ -568,10 +567,17 @@ class CheckpointProtocol:
             self.render_process = RenderProcess(
                 f"{self.scope.operator}/{self.scope.subtask_index}",
                 kind="write" if self.write_process else "render")
-        if self.render_process.usable:
-            return self.render_process
-        self.writer.pace = WRITER_PACE  # the writer runs the statements again
-        return None
+        return self.render_process if self.render_process.usable else None
+
+    def _writer_pace(self) -> float:
+        """The writer's pace (:attr:`BackgroundWriter.pace`): a plain yield while the
+        write process runs its statements (:attr:`RenderProcess.delegates`), else
+        :data:`WRITER_PACE` (no child yet, `write.render-process` alone, a child given
+        up, a store it cannot take, an epoch or deletion it fell back on)."""
+        process = self.render_process
+        if self.write_process and process is not None and process.delegates:
+            return WRITER_PACE_WITH_PROCESS
+        return WRITER_PACE
 
     def settle(self, raise_fenced: bool = True) -> None:
         """Task thread, at every hook: take the writer's outcomes. A durable epoch stops

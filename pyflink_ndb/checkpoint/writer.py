@@ -22,8 +22,8 @@ thread is in Java; it competes for the GIL while the task thread runs Python, an
 between statements and every few hundred rendered rows, sleeping as long as the CPU time
 it used since the last yield (:data:`WRITER_PACE`): the task threads get the GIL at least
 half of the time while a write renders, and the write's waits for the database cost no
-sleep. With the write process (`write.process`) the statements leave this thread and it
-only yields (:data:`WRITER_PACE_WITH_PROCESS`).
+sleep. While the write process (`write.process`) runs the epochs' statements and garbage
+collection's deletes, the writer only yields (:data:`WRITER_PACE_WITH_PROCESS`).
 
 `inline=True` runs each job at once on the caller's thread (no thread): the synchronous
 flush of `state.backend.ndb.write.async: false`, and of stores that cannot be opened
@@ -60,15 +60,23 @@ IDLE_EXIT_SECONDS = 5.0
 #: Measured on the checkpoint job of `make bench` (MariaDB, two runs each): the seconds in
 #: which a write ran processed 0.83× the records of the other seconds with 0, 0.90× with 1.
 WRITER_PACE = 1.0
-#: The pace of a writer whose statements the write process runs (`write.process`, the
-#: default with 2 CPUs or more): a yield only. What stays on the writer under the GIL is
-#: the epoch's rows collected from tiers 1-2, its frames to the child and the ledger, and
-#: a pause there only lengthened the asynchronous phase: bench part 7 (user-profile job,
+#: The pace of a writer while the write process runs the epochs' statements and garbage
+#: collection's deletes (`write.process`, the default with 2 CPUs or more): a yield only.
+#: The writer's Python work then is the epoch's rows collected from tiers 1-2, its
+#: frames to the child, the ledger and garbage collection's decisions, plus the
+#: statements it still runs itself (garbage collection's version reads, adoption and
+#: cleanup, the snapshot row), whose waits hold no GIL; a pause after that work only
+#: lengthened the asynchronous phase: bench part 7 (user-profile job,
 #: 2026-12-06, `bench.profile ndb-mariadb rocksdb-full`, two runs each) gave 0.88-1.10×
 #: RocksDB's records/s with checkpoints of 6.2-6.6 s end to end (median) with the pace,
 #: 1.03-1.07× with 4.4-5.6 s without; a py-spy profile of the writers with the pace put
 #: 32% of their busy time in its sleeps.
 WRITER_PACE_WITH_PROCESS = 0.0
+
+
+def _default_pace() -> float:
+    """:data:`WRITER_PACE` (a writer that runs its statements itself)."""
+    return WRITER_PACE
 #: The longest single pacing sleep, seconds.
 MAX_PACE_SLEEP_S = 0.02
 
@@ -166,10 +174,10 @@ class BackgroundWriter:
         self.waited_s = 0.0
         #: The writer thread's CPU time at its last yield (see :data:`WRITER_PACE`).
         self._cpu_mark = 0.0
-        #: Sleep at each yield this many times the CPU time used since the previous one
-        #: (:data:`WRITER_PACE`; the protocol sets :data:`WRITER_PACE_WITH_PROCESS` when
-        #: the write process runs the statements).
-        self.pace = WRITER_PACE
+        #: The pace at each yield: sleep this many times the CPU time used since the
+        #: previous one; asked at every yield (:data:`WRITER_PACE`; the protocol's answers
+        #: :data:`WRITER_PACE_WITH_PROCESS` while the write process runs the statements).
+        self.pace: Callable[[], float] = _default_pace
         #: Set by :meth:`close`: ends a pacing sleep at once (a cancelled task's close
         #: waits for the writer, and Flink deploys the next attempt only after it).
         self._closing = threading.Event()
@@ -361,16 +369,15 @@ class BackgroundWriter:
     # -- writer thread --------------------------------------------------------------------
     def check_cancelled(self) -> None:
         """Between two statements of a job: raise :class:`WriteCancelled` when closing, and
-        let the task thread take the GIL: sleep :data:`WRITER_PACE` times the CPU time this
-        thread used since its previous yield (at most :data:`MAX_PACE_SLEEP_S`), times
-        :attr:`pace`."""
+        let the task thread take the GIL: sleep :attr:`pace` times the CPU time this
+        thread used since its previous yield (at most :data:`MAX_PACE_SLEEP_S`)."""
         if self._s.closing:
             raise WriteCancelled(self.name)
         running = self._s.running
         if running is not None and running.preemptible and self._s.foreground_queued:
             raise Preempted(running.name)
         used = time.thread_time() - self._cpu_mark
-        pause = min(used * self.pace, MAX_PACE_SLEEP_S) if used > 0 else 0.0
+        pause = min(used * self.pace(), MAX_PACE_SLEEP_S) if used > 0 else 0.0
         if pause <= 0:
             time.sleep(0)  # a yield of the GIL
         elif self._closing.wait(pause):  # a close ends the pause

@@ -350,6 +350,8 @@ class RenderProcess:
         #: Set once the writer's store could not be pickled for the child: the writer
         #: writes itself from then on (logged once).
         self.unpicklable_store: str | None = None
+        #: The latest write or delete fell back to the writer (see :attr:`delegates`).
+        self.writing_here = False
         self._child: subprocess.Popen[bytes] | None = None
 
     @property
@@ -362,6 +364,13 @@ class RenderProcess:
     def usable(self) -> bool:
         """False once :data:`MAX_STARTS` children failed: the writer renders itself."""
         return self._child is not None or self.starts < MAX_STARTS
+
+    @property
+    def delegates(self) -> bool:
+        """The child runs the writer's statements: it is usable, the store could be
+        handed to it, and the latest :meth:`write` or :meth:`delete_exact` did not fall
+        back to the writer (a child that failed mid-epoch)."""
+        return self.usable and self.unpicklable_store is None and not self.writing_here
 
     def _pickled(self, store: StateStore) -> bytes | None:
         """`store` pickled for the child (without its connection), or None when it cannot
@@ -475,6 +484,7 @@ class RenderProcess:
         """
         store.check_sizes(rows, value_max_bytes, f"version {version}")
         store_bytes = self._pickled(store) if self.usable else None
+        self.writing_here = store_bytes is None
         states = dict(renderers)
         written = 0
         failed = store_bytes is None
@@ -491,6 +501,7 @@ class RenderProcess:
                     written += done
                     continue
                 failed = True
+                self.writing_here = True
             written += store.write_versions(
                 fence, version, part, None, between,
                 rendered=render_here(version, part, json_of, key_json))
@@ -511,12 +522,14 @@ class RenderProcess:
         :raises StoreUnavailableError: the child's retries are spent.
         """
         store_bytes = self._pickled(store) if self.usable and deletions else None
+        self.writing_here = False
         if store_bytes is not None:
             done = self._store_call(
                 ("delete", store_bytes, fence, list(map(tuple, deletions))),
                 0, None, store, between, stall_s, start=True)
             if done is not None:
                 return done
+        self.writing_here = bool(deletions)
         return store.delete_exact(fence, deletions)
 
     def _store_call(self, request: tuple[Any, ...], rows: int,
