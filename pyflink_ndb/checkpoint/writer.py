@@ -73,12 +73,13 @@ WRITER_PACE = 1.0
 #: 32% of their busy time in its sleeps.
 WRITER_PACE_WITH_PROCESS = 0.0
 
+#: The longest single pacing sleep, seconds.
+MAX_PACE_SLEEP_S = 0.02
+
 
 def _default_pace() -> float:
     """:data:`WRITER_PACE` (a writer that runs its statements itself)."""
     return WRITER_PACE
-#: The longest single pacing sleep, seconds.
-MAX_PACE_SLEEP_S = 0.02
 
 
 class WriteCancelled(Exception):

@@ -487,9 +487,8 @@ class RenderProcess:
         self.writing_here = store_bytes is None
         states = dict(renderers)
         written = 0
-        failed = store_bytes is None
         for number, part in enumerate(rows[start:end] for start, end in slice_bounds(rows)):
-            if not failed:
+            if not self.writing_here:
                 def literals(indexes: list[int], part: Sequence[WriteRow] = part
                              ) -> dict[int, list[bytes]]:
                     return {i: render_row(version, part[i], json_of, key_json)
@@ -500,12 +499,11 @@ class RenderProcess:
                 if done is not None:
                     written += done
                     continue
-                failed = True
                 self.writing_here = True
             written += store.write_versions(
                 fence, version, part, None, between,
                 rendered=render_here(version, part, json_of, key_json))
-        if not failed:
+        if not self.writing_here:
             self.written_epochs += 1
         return written
 
