@@ -33,6 +33,7 @@ from pyflink.datastream.state import (
     ValueStateDescriptor,
 )
 
+from pyflink_ndb.checkpoint import writer as writer_module
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import CheckpointError, FencedError, ValueTooLargeError
 from pyflink_ndb.serialization.keys import decode_key, split_key
@@ -1128,6 +1129,88 @@ def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
                        "info = 'SELECT SLEEP(5)'")[0][0] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert time.monotonic() < deadline, "the interrupted statement ran on in the server"
+    check_restored_after_slow_collection(store, local_dir)
+
+
+def _slow_in_server(wstore: Any, name: str, outcome: list[BaseException]) -> threading.Event:
+    """Make `wstore.<name>` first wait 5 s in the server (`SELECT SLEEP(5)` on the writer's
+    own connection, as a cold read, a lock wait or a large batch would); returns the event
+    set once the statement was sent. The error that ends it goes into `outcome`."""
+    real = getattr(wstore, name)
+    in_server = threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        in_server.set()
+        try:
+            wstore._read("slow statement", "SELECT SLEEP(5)")
+        except BaseException as err:
+            outcome.append(err)
+            raise
+        return real(*args, **kwargs)
+
+    setattr(wstore, name, slow)
+    return in_server
+
+
+@pytest.mark.mysql
+def test_a_crash_interrupts_a_checkpoint_write_at_once(store_factory, local_dir,
+                                                      monkeypatch):
+    """A cancelled or failed subtask's close interrupts its writer's statement at once,
+    a checkpoint write's too (its checkpoint fails anyway; Flink deploys the next attempt
+    only after the close): with the grace of a drained close raised to 5 s, the crash
+    still returns within a second. The next attempt restores the last completed
+    checkpoint."""
+    monkeypatch.setattr(writer_module, "INTERRUPT_AFTER_SECONDS", 5.0)
+    store = store_factory("mysql")
+    t = LocalSubtask(store, opts("cache10k", write_process="false"), local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    for i in range(100):
+        t.key(i)
+        v.update(i)
+    t.snapshot(1)
+    t.complete(1)
+    outcome: list[BaseException] = []
+    in_server = _slow_in_server(t.backend.protocol.wstore, "insert_snapshot", outcome)
+    for i in range(100):
+        t.key(i)
+        v.update(-i)
+    t.snapshot(2, durable=False)  # its write waits in the server before its snapshot row
+    assert in_server.wait(30), "checkpoint 2's write reached its snapshot row"
+    time.sleep(0.2)  # in the server now
+    started = time.monotonic()
+    t.crash()
+    took = time.monotonic() - started
+    assert took < 1.0, f"the close waited {took:.2f} s for the checkpoint's statement"
+    assert outcome and "error 2013" in str(outcome[0]), outcome
+    r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=1)
+    rv = r.context.get_state(ValueStateDescriptor("v", ANY))
+    for i in (0, 1, 99):
+        r.key(i)
+        assert rv.value() == i
+    r.close()
+
+
+@pytest.mark.mysql
+def test_a_drained_close_interrupts_garbage_collection_at_once(store_factory, local_dir,
+                                                              monkeypatch):
+    """A drained close (bounded input, stop-with-savepoint) lets checkpoint work end but
+    interrupts a background statement at once: garbage collection's read of versions
+    waits 5 s in the server, the grace of checkpoint work is raised to 5 s, and the close
+    returns within a second and a half. Whoever restores adopts the entries."""
+    monkeypatch.setattr(writer_module, "INTERRUPT_AFTER_SECONDS", 5.0)
+    store = store_factory("mysql")
+    t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    start_slow_collection(t, v)
+    outcome: list[BaseException] = []
+    in_server = _slow_in_server(t.backend.protocol.wstore, "read_versions", outcome)
+    assert in_server.wait(30), "the collection run read again"
+    time.sleep(0.2)  # in the server now
+    started = time.monotonic()
+    t.close()
+    took = time.monotonic() - started
+    assert took < 1.5, f"the drained close waited {took:.2f} s for garbage collection"
+    assert outcome and "error 2013" in str(outcome[0]), outcome
     check_restored_after_slow_collection(store, local_dir)
 
 

@@ -745,8 +745,10 @@ class CheckpointProtocol:
         prefetch of the whole state) and garbage collection, which stops at its next
         yield (the attempt that restores this one's snapshot adopts the entries it wrote
         and collects their superseded versions; if none ever does, `pyflink-ndb gc`
-        does: docs/protocol.md, "Garbage collection"). Without `drain` queued jobs are
-        dropped (their checkpoints fail) and a running one stops at its next yield.
+        does: docs/protocol.md, "Garbage collection"); a background statement in flight is
+        interrupted. Without `drain` queued jobs are dropped (their checkpoints fail) and
+        a running one stops at its next yield, its statement in flight interrupted at once
+        (:meth:`BackgroundWriter.close`).
         Nothing partial becomes visible (the snapshot row of an epoch is written after all
         its rows)."""
         if drain and not self.writer.wait_idle(self.options.db_retry_deadline_ms / 1000 + 10,
@@ -756,8 +758,10 @@ class CheckpointProtocol:
                         self.scope.subtask_index)
         # The writer's own connection (write.async) may be interrupted: no other thread
         # uses it. The task thread's store (write.async false) is not.
+        # Without `drain` (a cancel or failure) the statement in flight is interrupted at
+        # once: Flink deploys the next attempt only after this close.
         self.writer.close(interrupt=self.wstore.interrupt if self.wstore is not self.store
-                          else None)
+                          else None, cancel=not drain)
         if self.render_process is not None:
             self.render_process.close()
 

@@ -48,8 +48,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds that :meth:`BackgroundWriter.close` waits for a running job to stop.
 CLOSE_WAIT_SECONDS = 10.0
-#: Seconds :meth:`BackgroundWriter.close` waits for a running job to reach its next
-#: cancellation point before it interrupts the statement in flight (when given a way to).
+#: Seconds :meth:`BackgroundWriter.close` waits for a running checkpoint job (a write or
+#: completion) to reach its next cancellation point before it interrupts the statement in
+#: flight (when given a way to) on a drained close. Background work (garbage collection,
+#: prefetch pages) and every job of a cancel or failure are interrupted at once: what the
+#: interrupt loses is redone or dropped anyway, and Flink deploys the next attempt only
+#: once this close returns.
 INTERRUPT_AFTER_SECONDS = 0.05
 #: Seconds an idle writer thread lives on (a new one starts with the next job).
 IDLE_EXIT_SECONDS = 5.0
@@ -315,19 +319,26 @@ class BackgroundWriter:
             jobs = list(self._s.queue) + ([self._s.running] if self._s.running else [])
             return any(j.checkpoint_id == checkpoint_id and j.fail_fast for j in jobs)
 
-    def close(self, interrupt: Callable[[], None] | None = None) -> list[Job]:
+    def close(self, interrupt: Callable[[], None] | None = None,
+              cancel: bool = False) -> list[Job]:
         """Stop: queued jobs are dropped (returned), a running one stops at its next
         statement boundary (:meth:`check_cancelled`); waits up to
         :data:`CLOSE_WAIT_SECONDS` for it. Idempotent.
 
         :param interrupt: ends the statement the running job has in flight (the writer's
-            :meth:`StateStore.interrupt`); called when the job has not stopped after
-            :data:`INTERRUPT_AFTER_SECONDS`, so that a statement the database is slow to
-            answer (a read of versions that are not in its buffer pool, a lock wait)
-            does not hold back Flink's deployment of the next attempt, which waits for
-            this close. None: wait for the statement. What it interrupts is lost the
-            same way as what a close drops: a write without its snapshot row is invisible,
-            a transaction in flight is rolled back."""
+            :meth:`StateStore.interrupt`), so that a statement the database is slow to
+            answer (a read of versions that are not in its buffer pool, a lock wait, a
+            write of a large batch) does not hold back Flink's deployment of the next
+            attempt, which waits for this close. Called at once when the running job is
+            background work (garbage collection, prefetch pages: whoever adopts the
+            entries does it again) or with `cancel`; else when the job has not stopped
+            after :data:`INTERRUPT_AFTER_SECONDS`. None: wait for the statement. What it
+            interrupts is lost the same way as what a close drops: a write without its
+            snapshot row is invisible, a transaction in flight is rolled back.
+        :param cancel: the subtask is cancelled or failed (Flink's cancel of a task, a
+            failure; not a drained end): the running job is interrupted at once, whatever
+            it is (its checkpoint fails anyway). Default False.
+        :returns: the queued jobs that were dropped, in order."""
         with self._cv:
             self._s.closing = True
             self._closing.set()
@@ -338,14 +349,16 @@ class BackgroundWriter:
             thread = self._thread
             running = self._s.running
         if thread is not None and thread is not threading.current_thread():
-            thread.join(INTERRUPT_AFTER_SECONDS)
+            # An idle writer (no running job) leaves its wait at once: give it the time.
+            grace = (0.0 if running is not None and (cancel or running.background)
+                     else INTERRUPT_AFTER_SECONDS)
+            thread.join(grace)
             if thread.is_alive():
                 frame = sys._current_frames().get(thread.ident or -1)
                 where = "".join(traceback.format_stack(frame, limit=6)) if frame else "?"
                 log.info("pyflink-ndb: background writer %s still runs %s %.0f ms after "
                          "close%s; it was at:\n%s", self.name,
-                         running.name if running is not None else "a job",
-                         INTERRUPT_AFTER_SECONDS * 1000,
+                         running.name if running is not None else "a job", grace * 1000,
                          ": interrupting its statement" if interrupt is not None else "",
                          where)
                 if interrupt is not None:
