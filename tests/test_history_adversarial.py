@@ -213,14 +213,14 @@ def test_a_refused_restore_leaves_readers_on_a_completed_checkpoint(store, secon
     for c in (1, 2, 3):
         j0.put("k", c)
         tokens[c] = j0.checkpoint(c)
-    claim = second_store.claim
+    claim = second_store.claim_new_branch
 
     def claim_while_j0_runs_on(*args: Any, **kwargs: Any) -> Any:
         for c in (4, 5):  # J0 still runs: 4 and 5 complete, 2 is subsumed meanwhile
             j0.put("k", c)
             j0.checkpoint(c)
         return claim(*args, **kwargs)
-    second_store.claim = claim_while_j0_runs_on  # type: ignore[method-assign]
+    second_store.claim_new_branch = claim_while_j0_runs_on  # type: ignore[method-assign]
     with pytest.raises(CheckpointError, match="no longer be restored"):
         Job(second_store, 1, local_dir, options, tokens[2])
     # The refused attempt must leave what readers see on the latest completed checkpoint.

@@ -20,7 +20,12 @@ from pyflink.datastream.state import ListStateDescriptor, MapStateDescriptor, Va
 
 from pyflink_ndb.checkpoint.gc import Deletion
 from pyflink_ndb.config import NdbStateOptions
-from pyflink_ndb.errors import FencedError, StateCompatibilityError, StoreUnavailableError
+from pyflink_ndb.errors import (
+    CheckpointError,
+    FencedError,
+    StateCompatibilityError,
+    StoreUnavailableError,
+)
 from pyflink_ndb.serialization import encode_key, encode_value, value_json
 from pyflink_ndb.serialization.keys import encode_map_key
 from pyflink_ndb.stores import StateStore, StoredVersion, WriteRow, open_store
@@ -770,6 +775,77 @@ def test_allocate_branch_retries_an_id_taken_meanwhile(store: StateStore,
     rows = store.load_branches([first, second])
     assert (rows[first].operator, rows[first].job_id) == (OP, "job-a")
     assert (rows[second].operator, rows[second].job_id) == ("other-op", "job-b")
+
+
+def test_claim_new_branch_commits_branch_claim_and_forgotten_snapshots_at_once(
+        store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subtask's open is one transaction: the branch row, the owner row and the deletion
+    of the snapshots the claim abandons commit together; a claim whose check fails
+    leaves none of them."""
+    lineage = fresh_lineage(0, 0, KG_END).to_json()
+    old = branch(store)
+    store.insert_snapshot(old, 7, KIND_CHECKPOINT, "job-1")  # pending: to be abandoned
+    store.insert_snapshot(old, 8, KIND_CHECKPOINT, "job-1")  # pending: kept
+    transactions: list[str] = []
+    txn = store._txn
+
+    def counted(what: str, work: Callable[[], Any], fence: Fence | None = None) -> Any:
+        transactions.append(what)
+        return txn(what, work, fence)
+
+    monkeypatch.setattr(store, "_txn", counted)
+    asked = []
+
+    def abandoned(before: Any, bid: int) -> list[tuple[int, int]]:
+        asked.append((before, bid))
+        return [(old.branch, 7)]
+
+    bid, before, committed = store.claim_new_branch(
+        OP, 0, KG_END, lineage, {"kind": "restore"}, "job-2", 0, 1, None, abandoned=abandoned)
+    assert transactions == ["claim key groups"]
+    assert bid == old.branch + 1 and before == ((0, KG_END, old.branch),) and committed is None
+    assert asked == [(before, bid)]
+    row = store.read_operator(OP)
+    assert row is not None and row.owners == ((0, KG_END, bid),)
+    assert store.load_branches([bid])[bid].job_id == "job-2"
+    assert [(r.branch, r.epoch) for r in store.list_snapshots(OP)] == [(old.branch, 8)]
+
+    def refuse(rows: list[Any]) -> None:
+        raise CheckpointError("the restored snapshot can no longer be restored")
+
+    with pytest.raises(CheckpointError):
+        store.claim_new_branch(OP, 0, KG_END, lineage, {"kind": "restore"}, "job-3", 0, 2,
+                               None, check=refuse, abandoned=abandoned)
+    assert store.branches_of(OP) == [old.branch, bid], "a refused claim left a branch row"
+    row = store.read_operator(OP)
+    assert row is not None and row.owners == ((0, KG_END, bid),)
+    assert [(r.branch, r.epoch) for r in store.list_snapshots(OP)] == [(old.branch, 8)]
+
+
+def test_claim_new_branch_tries_again_whole_when_the_id_was_taken(
+        store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another operator's subtask took the branch id meanwhile: the claim rolls back and
+    is tried again whole (the check runs again), with the next id."""
+    lineage = fresh_lineage(0, 0, KG_END).to_json()
+    first = store.allocate_branch("other-op", 0, KG_END, lineage, {"kind": "fresh"}, "job-a",
+                                  0, 0)
+    query = store._query
+    stale: list[str] = []
+
+    def stale_max_once(text: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        if "MAX(branch_id)" in text and not stale:
+            stale.append(text)
+            return [(first - 1,)]  # as if another server had not committed `first` yet
+        return query(text, params)
+
+    monkeypatch.setattr(store, "_query", stale_max_once)
+    checked: list[int] = []
+    bid, before, _ = store.claim_new_branch(OP, 0, KG_END, lineage, {"kind": "fresh"}, "job-b",
+                                            0, 0, None, check=lambda rows: checked.append(1))
+    assert stale and bid == first + 1 and before == () and len(checked) == 2
+    row = store.read_operator(OP)
+    assert row is not None and row.owners == ((0, KG_END, bid),)
+    assert store.branches_of(OP) == [bid] and store.branches_of("other-op") == [first]
 
 
 # -- format -----------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from pyflink_ndb.stores.lineage import (
     MAX_EPOCH,
     Descriptor,
     Lineage,
+    OwnerMap,
     Ranges,
     Token,
     complement,
@@ -307,20 +308,26 @@ class CheckpointProtocol:
             unnamed = lineage_from_tokens(0, s.key_group_start, s.key_group_end, mine, parents)
         else:
             unnamed = fresh_lineage(0, s.key_group_start, s.key_group_end)
-        # The stored lineage (what is inherited) does not depend on the branch id.
-        self.branch = self.store.allocate_branch(
+
+        def abandoned(before: OwnerMap, branch: int) -> list[tuple[int, int]]:
+            return self._abandoned(snapshots, before, reset,
+                                   dataclasses.replace(unnamed, branch=branch))
+
+        # One transaction allocates the branch, claims the key groups and forgets the
+        # snapshots the claim abandons (StateStore.claim_new_branch: one commit). The
+        # stored lineage (what is inherited) does not depend on the branch id. The check
+        # covers every part of the restored snapshot, not only this subtask's: the claim
+        # makes it what readers see, and retention is decided per subtask (another subtask
+        # may have released its part and collected the versions only that part saw; its
+        # claim fails, and readers must not see the snapshot meanwhile).
+        self.branch, _, _ = self.store.claim_new_branch(
             s.operator, s.key_group_start, s.key_group_end, unnamed.to_json(), origin,
-            s.job_id, s.subtask_index, s.attempt)
+            s.job_id, s.subtask_index, s.attempt, restored, reset=reset,
+            check=(lambda rows: self._check_restorable(tokens or (), rows)) if mine else None,
+            abandoned=abandoned)
         self.lineage = dataclasses.replace(unnamed, branch=self.branch)
         self._lineages[self.branch] = self.lineage
         self.fence = Fence(s.operator, self.branch, s.key_group_start, s.key_group_end)
-        # Every part of the restored snapshot, not only this subtask's: the claim makes it
-        # what readers see, and retention is decided per subtask (another subtask may have
-        # released its part and collected the versions only that part saw; its claim
-        # fails, and readers must not see the snapshot meanwhile).
-        before, _ = self.store.claim(
-            self.fence, restored, reset=reset,
-            check=(lambda rows: self._check_restorable(tokens or (), rows)) if mine else None)
         self.restored = restored
         self.table.visibility = self.lineage.head
         for seg in self.lineage.segments:
@@ -335,7 +342,6 @@ class CheckpointProtocol:
             # Nothing inherited there: every version of these key groups is this attempt's
             # own, and tier 2 holds all of them (docs/protocol.md, "Visibility").
             self.table.store_has_nothing = lambda kg: not lineage.segment(kg).inherited
-        self._forget_abandoned(snapshots, before, reset)
         self.restore_ms = (time.perf_counter() - started) * 1000
         log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s) "
                  "in %.0f ms", s.operator, s.subtask_index, s.attempt, s.key_group_start,
@@ -355,40 +361,35 @@ class CheckpointProtocol:
                     "be gone. Restore a later checkpoint or a savepoint that is still listed "
                     "(pyflink-ndb query shows the committed one).")
 
-    def _forget_abandoned(self, snapshots: Sequence[SnapshotRow],
-                          before: Sequence[tuple[int, int, int]], reset: bool) -> None:
-        """Snapshots this claim makes unrestorable: with truncate every snapshot of the
-        operator; after a task failover (attempt >= 1) the pending checkpoints of the
-        previous owners of these key groups that the new lineage does not contain — a
-        failover restores the job's latest completed checkpoint, so Flink never
-        completed them."""
+    def _abandoned(self, snapshots: Sequence[SnapshotRow], before: OwnerMap, reset: bool,
+                   lineage: Lineage) -> list[tuple[int, int]]:
+        """Snapshots (branch, epoch) that a claim with `lineage` makes unrestorable: with
+        truncate every snapshot of the operator; after a task failover (attempt >= 1) the
+        pending checkpoints of the previous owners (`before`) of these key groups that the
+        new lineage does not contain — a failover restores the job's latest completed
+        checkpoint, so Flink never completed them."""
         s = self.scope
-        assert self.lineage is not None
         if reset:
-            gone = [(r.branch, r.epoch) for r in snapshots]
-        elif s.attempt == 0:
+            return [(r.branch, r.epoch) for r in snapshots]
+        if s.attempt == 0:
             # A new job (or a JobManager failover) may have restored an older snapshot:
             # a pending one of the previous owners may have completed without telling
             # anybody; it stays restorable, as a side branch, until released.
-            return
-        else:
-            previous = {br for a, b, br in before
-                        if b >= s.key_group_start and a <= s.key_group_end}
-            gone = [(r.branch, r.epoch) for r in snapshots
-                    if r.branch in previous and r.status == PENDING
-                    and r.kind != KIND_SAVEPOINT and not self._in_lineage(r)]
-        if gone:
-            self.store.delete_snapshots(s.operator, gone, self.fence)
+            return []
+        previous = {br for a, b, br in before
+                    if b >= s.key_group_start and a <= s.key_group_end}
+        return [(r.branch, r.epoch) for r in snapshots
+                if r.branch in previous and r.status == PENDING
+                and r.kind != KIND_SAVEPOINT and not self._in_lineage(r, lineage)]
 
-    def _in_lineage(self, snap: SnapshotRow) -> bool:
-        """True when the snapshot's own versions are visible to this branch's head in the
-        key groups they share, i.e. it is an ancestor state of this branch."""
-        assert self.lineage is not None
+    def _in_lineage(self, snap: SnapshotRow, lineage: Lineage) -> bool:
+        """True when the snapshot's own versions are visible to `lineage`'s head in the
+        key groups they share, i.e. it is an ancestor state of that branch."""
         a = max(snap.kg_start, self.scope.key_group_start)
         b = min(snap.kg_end, self.scope.key_group_end)
         if a > b:
             return False
-        return in_ranges(version_of(snap.branch, snap.epoch), self.lineage.head(a))
+        return in_ranges(version_of(snap.branch, snap.epoch), lineage.head(a))
 
     def _load_lineages(self, branches: set[int]) -> dict[int, Lineage]:
         missing = branches - self._lineages.keys()

@@ -210,6 +210,16 @@ def visible(column: str, ranges: Ranges) -> tuple[str, list[int]]:
     return "(" + " OR ".join(f"{column} BETWEEN ? AND ?" for _ in ranges) + ")", params
 
 
+#: Transactions :meth:`StateStore.allocate_branch` and :meth:`StateStore.claim_new_branch`
+#: try before they give up on a branch id that other sessions keep taking.
+BRANCH_ID_TRIES = 100
+
+
+class _BranchIdTaken(Exception):
+    """Inside :meth:`StateStore.claim_new_branch`: another session inserted the branch id
+    this transaction chose; it rolls back and is tried again."""
+
+
 class StateStore(ABC):
     """Tier 3 of the tiered state: versioned rows, branches, snapshots, owners, catalog.
 
@@ -1095,25 +1105,38 @@ class StateStore(ABC):
                         attempt: int) -> int:
         """A new branch id, larger than every existing one (`MAX + 1` under the primary
         key, retried on a duplicate: NDB's AUTO_INCREMENT is not monotonic across MySQL
-        servers)."""
-        origin_json = json.dumps(origin, separators=(",", ":"))
+        servers), in a transaction of its own. A subtask's open allocates its branch
+        inside its claim instead (:meth:`claim_new_branch`).
 
-        def unit() -> int | None:
-            rows = self._query(f"SELECT MAX(branch_id) FROM {self.t_branches}")
-            branch = int(rows[0][0] or 0) + 1
-            cur = self._execute(
-                f"{self._insert_ignore()} INTO {self.t_branches} (branch_id, operator, "
-                "kg_start, kg_end, lineage, origin, job_id, subtask, attempt, created_ms) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (branch, operator, kg_start, kg_end, lineage_json, origin_json, job_id,
-                 subtask, attempt, now_ms()))
-            return branch if cur.rowcount == 1 else None
-        for _ in range(100):
-            branch = self._txn("allocate branch", unit)
+        :raises StoreUnavailableError: 100 tries found the id taken (heavy contention).
+        """
+        origin_json = json.dumps(origin, separators=(",", ":"))
+        for _ in range(BRANCH_ID_TRIES):
+            branch = self._txn("allocate branch", lambda: self._insert_branch(
+                operator, kg_start, kg_end, lineage_json, origin_json, job_id, subtask,
+                attempt))
             if branch is not None:
                 return branch
-        raise StoreUnavailableError(f"Could not allocate a branch id in {self.describe()} "
-                                    "after 100 tries (heavy contention).")
+        raise self._branch_contention()
+
+    def _insert_branch(self, operator: str, kg_start: int, kg_end: int, lineage_json: str,
+                       origin_json: str, job_id: str, subtask: int, attempt: int
+                       ) -> int | None:
+        """Inside a transaction: insert a branch row with id `MAX + 1`; None when another
+        session inserted that id meanwhile (try again in a new transaction)."""
+        rows = self._query(f"SELECT MAX(branch_id) FROM {self.t_branches}")
+        branch = int(rows[0][0] or 0) + 1
+        cur = self._execute(
+            f"{self._insert_ignore()} INTO {self.t_branches} (branch_id, operator, "
+            "kg_start, kg_end, lineage, origin, job_id, subtask, attempt, created_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (branch, operator, kg_start, kg_end, lineage_json, origin_json, job_id,
+             subtask, attempt, now_ms()))
+        return branch if cur.rowcount == 1 else None
+
+    def _branch_contention(self) -> StoreUnavailableError:
+        return StoreUnavailableError(f"Could not allocate a branch id in {self.describe()} "
+                                     f"after {BRANCH_ID_TRIES} tries (heavy contention).")
 
     def load_branches(self, branch_ids: Iterable[int]) -> dict[int, BranchRow]:
         ids = sorted(set(branch_ids))
@@ -1180,14 +1203,17 @@ class StateStore(ABC):
         if not keys:
             return 0
 
-        def unit() -> int:
-            total = 0
-            for branch, epoch in keys:
-                total += max(self._execute(
-                    f"DELETE FROM {self.t_snapshots} WHERE operator = ? AND branch_id = ? "
-                    "AND epoch = ?", (operator, branch, epoch)).rowcount, 0)
-            return total
-        return self._txn("delete snapshots", unit, fence)
+        return self._txn("delete snapshots",
+                         lambda: self._delete_snapshot_rows(operator, keys), fence)
+
+    def _delete_snapshot_rows(self, operator: str, keys: Sequence[tuple[int, int]]) -> int:
+        """Inside a transaction: delete the snapshot rows (branch, epoch) of `operator`."""
+        total = 0
+        for branch, epoch in keys:
+            total += max(self._execute(
+                f"DELETE FROM {self.t_snapshots} WHERE operator = ? AND branch_id = ? "
+                "AND epoch = ?", (operator, branch, epoch)).rowcount, 0)
+        return total
 
     # -- owner row ------------------------------------------------------------------------
     def read_operator(self, operator: str) -> OperatorRow | None:
@@ -1251,19 +1277,75 @@ class StateStore(ABC):
         """
         def unit() -> tuple[OwnerMap, Descriptor | None]:
             before, committed = self._lock_operator(fence.operator)
-            if check is not None:
-                check(self._snapshot_rows(fence.operator))
-                if restored is not None:
-                    self._set_completed(fence.operator,
-                                        [(t.branch, t.epoch) for t in restored.parts])
-            after = claim_owners(before, fence.kg_start, fence.kg_end, fence.branch)
-            if reset and not is_current(committed, after):
-                committed = None
-            elif restored is not None and not is_current(committed, after):
-                committed = restored
-            self._write_operator(fence.operator, after, committed)
-            return before, committed
+            self._check_restored(fence.operator, restored, check)
+            return before, self._take_key_groups(fence, before, committed, restored, reset)
         return self._txn("claim key groups", unit)
+
+    def claim_new_branch(self, operator: str, kg_start: int, kg_end: int, lineage_json: str,
+                         origin: dict[str, Any], job_id: str, subtask: int, attempt: int,
+                         restored: Descriptor | None, reset: bool = False,
+                         check: Callable[[list[SnapshotRow]], None] | None = None,
+                         abandoned: Callable[[OwnerMap, int], Sequence[tuple[int, int]]]
+                         | None = None) -> tuple[int, OwnerMap, Descriptor | None]:
+        """A subtask attempt's open: :meth:`allocate_branch`, :meth:`claim` and
+        :meth:`delete_snapshots` of the snapshots the claim abandons, in one transaction
+        (one commit instead of three: each waits for the database's log flush, 10-40 ms
+        apiece on a MariaDB still flushing the gigabyte a job just wrote, bench part 8).
+        All or nothing: a failed check leaves no branch row behind either.
+
+        The owner row is locked before the branch id is chosen: two subtasks of one
+        operator allocate one after the other; subtasks of other operators may take the
+        same id meanwhile, and the transaction is then tried again whole.
+
+        :param operator, kg_start, kg_end, lineage_json, origin, job_id, subtask, attempt:
+            the branch row (:meth:`allocate_branch`).
+        :param restored, reset, check: as :meth:`claim`.
+        :param abandoned: called under the lock with (the owners before the claim, the new
+            branch id); returns the snapshots (branch, epoch) to forget. None: none.
+        :returns: (the new branch id, the owners before the claim, committed after it).
+        :raises CheckpointError: from `check` (rolled back).
+        :raises StoreUnavailableError: the database cannot be reached, or 100 tries found
+            the branch id taken.
+        """
+        origin_json = json.dumps(origin, separators=(",", ":"))
+
+        def unit() -> tuple[int, OwnerMap, Descriptor | None]:
+            before, committed = self._lock_operator(operator)
+            self._check_restored(operator, restored, check)
+            branch = self._insert_branch(operator, kg_start, kg_end, lineage_json,
+                                         origin_json, job_id, subtask, attempt)
+            if branch is None:
+                raise _BranchIdTaken
+            fence = Fence(operator, branch, kg_start, kg_end)
+            committed = self._take_key_groups(fence, before, committed, restored, reset)
+            if abandoned is not None:
+                self._delete_snapshot_rows(operator, abandoned(before, branch))
+            return branch, before, committed
+        for _ in range(BRANCH_ID_TRIES):
+            with contextlib.suppress(_BranchIdTaken):
+                return self._txn("claim key groups", unit)
+        raise self._branch_contention()
+
+    def _check_restored(self, operator: str, restored: Descriptor | None,
+                        check: Callable[[list[SnapshotRow]], None] | None) -> None:
+        """Inside the claim's transaction, the owner row locked: run `check` on the
+        operator's snapshot rows, then mark the restored snapshots completed."""
+        if check is not None:
+            check(self._snapshot_rows(operator))
+            if restored is not None:
+                self._set_completed(operator, [(t.branch, t.epoch) for t in restored.parts])
+
+    def _take_key_groups(self, fence: Fence, before: OwnerMap, committed: Descriptor | None,
+                         restored: Descriptor | None, reset: bool) -> Descriptor | None:
+        """Inside the claim's transaction: write the owner row with the fence's branch
+        owning its key groups; returns what readers see after it."""
+        after = claim_owners(before, fence.kg_start, fence.kg_end, fence.branch)
+        if reset and not is_current(committed, after):
+            committed = None
+        elif restored is not None and not is_current(committed, after):
+            committed = restored
+        self._write_operator(fence.operator, after, committed)
+        return committed
 
     def advance_committed(self, fence: Fence, epoch: int) -> Descriptor | None:
         """Move what readers see to checkpoint `epoch` of the attempts running now, when
