@@ -1158,11 +1158,13 @@ def test_a_crash_interrupts_a_checkpoint_write_at_once(store_factory, local_dir,
     """A cancelled or failed subtask's close interrupts its writer's statement at once,
     a checkpoint write's too (its checkpoint fails anyway; Flink deploys the next attempt
     only after the close): with the grace of a drained close raised to 5 s, the crash
-    still returns within a second. The next attempt restores the last completed
-    checkpoint."""
+    still returns within a second, and the checkpoint is reported cancelled (not a lost
+    database). The next attempt restores the last completed checkpoint."""
     monkeypatch.setattr(writer_module, "INTERRUPT_AFTER_SECONDS", 5.0)
     store = store_factory("mysql")
-    t = LocalSubtask(store, opts("cache10k", write_process="false"), local_dir=local_dir)
+    listener = Recorder()
+    t = LocalSubtask(store, opts("cache10k", write_process="false"), local_dir=local_dir,
+                     listener=listener)
     v = t.context.get_state(ValueStateDescriptor("v", ANY))
     for i in range(100):
         t.key(i)
@@ -1182,6 +1184,9 @@ def test_a_crash_interrupts_a_checkpoint_write_at_once(store_factory, local_dir,
     took = time.monotonic() - started
     assert took < 1.0, f"the close waited {took:.2f} s for the checkpoint's statement"
     assert outcome and "error 2013" in str(outcome[0]), outcome
+    # Flink is told the checkpoint was cancelled, not that the database was lost.
+    assert ("failed", 2) in listener.calls, listener.calls
+    assert "closed before it was written" in listener.messages[2], listener.messages
     r = LocalSubtask(store, opts("cache10k"), local_dir=local_dir, restored_checkpoint_id=1)
     rv = r.context.get_state(ValueStateDescriptor("v", ANY))
     for i in (0, 1, 99):

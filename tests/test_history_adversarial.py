@@ -333,6 +333,28 @@ def test_cleanup_out_of_time_leaves_the_rest_to_the_next_checkpoint(store, local
 
 # == attacks that held =====================================================================
 @pytest.mark.mysql
+def test_a_snapshot_recorded_after_the_opens_first_read_is_still_forgotten(
+        store, local_dir, monkeypatch):
+    """The replaced attempt's pending snapshot 2 is recorded just after the failover's
+    open read the snapshot list (its writer was still finishing): the claim decides what
+    to forget on the rows it reads under the owner row's lock, so 2 is forgotten all the
+    same (a failover restores the latest completed checkpoint: Flink never completed 2)."""
+    options = NdbStateOptions(cache_max_entries=100_000, checkpoints_retained=1)
+    a = Job(store, 1, local_dir, options)
+    a.put("x", 0)
+    first = a.checkpoint(1)
+    a.put("x", 2)
+    a.snapshot(2)  # pending
+    a.crash()
+    real = store.list_snapshots
+    monkeypatch.setattr(store, "list_snapshots", lambda operator=None: [
+        r for r in real(operator) if r.epoch != 2])  # the list read before 2 was recorded
+    b = Job(store, 1, local_dir, options, first, attempt=1)  # a task failover
+    monkeypatch.undo()
+    assert sorted(r.epoch for r in store.list_snapshots()) == [1]
+    assert b.get("x") == 0
+
+
 def test_zombie_flushing_in_a_thread_while_the_replacement_claims(mysql_url, local_dir):
     namespace = unique_namespace("adv")
     stores = [open_store(NdbStateOptions(url=mysql_url, namespace=namespace,

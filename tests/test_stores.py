@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -796,15 +797,15 @@ def test_claim_new_branch_commits_branch_claim_and_forgotten_snapshots_at_once(
     monkeypatch.setattr(store, "_txn", counted)
     asked = []
 
-    def abandoned(before: Any, bid: int) -> list[tuple[int, int]]:
-        asked.append((before, bid))
+    def abandoned(before: Any, bid: int, rows: list[Any]) -> list[tuple[int, int]]:
+        asked.append((before, bid, sorted(r.epoch for r in rows)))
         return [(old.branch, 7)]
 
     bid, before, committed = store.claim_new_branch(
         OP, 0, KG_END, lineage, {"kind": "restore"}, "job-2", 0, 1, None, abandoned=abandoned)
     assert transactions == ["claim key groups"]
     assert bid == old.branch + 1 and before == ((0, KG_END, old.branch),) and committed is None
-    assert asked == [(before, bid)]
+    assert asked == [(before, bid, [7, 8])]
     row = store.read_operator(OP)
     assert row is not None and row.owners == ((0, KG_END, bid),)
     assert store.load_branches([bid])[bid].job_id == "job-2"
@@ -829,7 +830,7 @@ def test_claim_new_branch_tries_again_whole_when_the_id_was_taken(
     lineage = fresh_lineage(0, 0, KG_END).to_json()
     first = store.allocate_branch("other-op", 0, KG_END, lineage, {"kind": "fresh"}, "job-a",
                                   0, 0)
-    query = store._query
+    query, execute = store._query, store._execute
     stale: list[str] = []
 
     def stale_max_once(text: str, params: Any = ()) -> list[tuple[Any, ...]]:
@@ -846,6 +847,23 @@ def test_claim_new_branch_tries_again_whole_when_the_id_was_taken(
     row = store.read_operator(OP)
     assert row is not None and row.owners == ((0, KG_END, bid),)
     assert store.branches_of(OP) == [bid] and store.branches_of("other-op") == [first]
+    # An engine that reports the duplicate key instead of ignoring it (NDB may, for an id
+    # another transaction inserted and had not committed): tried again the same way.
+    duplicate = (pymysql.err.IntegrityError(1062, "Duplicate entry") if
+                 store.describe().startswith("mysql") else
+                 sqlite3.IntegrityError("UNIQUE constraint failed"))
+    raised: list[str] = []
+
+    def duplicate_once(text: str, params: Any = ()) -> Any:
+        if "INTO" in text and "branches" in text and not raised:
+            raised.append(text)
+            raise duplicate
+        return execute(text, params)
+
+    monkeypatch.setattr(store, "_execute", duplicate_once)
+    again, _, _ = store.claim_new_branch("op-3", 0, KG_END, lineage, {"kind": "fresh"},
+                                         "job-c", 0, 0, None)
+    assert raised and again == bid + 1 and store.branches_of("op-3") == [again]
 
 
 # -- format -----------------------------------------------------------------------------

@@ -309,8 +309,9 @@ class CheckpointProtocol:
         else:
             unnamed = fresh_lineage(0, s.key_group_start, s.key_group_end)
 
-        def abandoned(before: OwnerMap, branch: int) -> list[tuple[int, int]]:
-            return self._abandoned(snapshots, before, reset,
+        def abandoned(before: OwnerMap, branch: int, rows: list[SnapshotRow]
+                      ) -> list[tuple[int, int]]:
+            return self._abandoned(rows, before, reset,
                                    dataclasses.replace(unnamed, branch=branch))
 
         # One transaction allocates the branch, claims the key groups and forgets the

@@ -356,11 +356,18 @@ class BackgroundWriter:
             if thread.is_alive():
                 frame = sys._current_frames().get(thread.ident or -1)
                 where = "".join(traceback.format_stack(frame, limit=6)) if frame else "?"
-                log.info("pyflink-ndb: background writer %s still runs %s %.0f ms after "
-                         "close%s; it was at:\n%s", self.name,
-                         running.name if running is not None else "a job", grace * 1000,
-                         ": interrupting its statement" if interrupt is not None else "",
-                         where)
+                what = running.name if running is not None else "a job"
+                if grace:
+                    log.info("pyflink-ndb: background writer %s still runs %s %.0f ms after "
+                             "close%s; it was at:\n%s", self.name, what, grace * 1000,
+                             ": interrupting its statement" if interrupt is not None else "",
+                             where)
+                else:  # every cancel with a job running: expected, not news
+                    log.debug("pyflink-ndb: background writer %s runs %s at close (%s)%s; it "
+                              "was at:\n%s", self.name, what,
+                              "cancel" if cancel else "background work",
+                              ": interrupting it at once" if interrupt is not None else "",
+                              where)
                 if interrupt is not None:
                     try:
                         interrupt()
@@ -431,12 +438,22 @@ class BackgroundWriter:
                     f"Checkpoint {job.checkpoint_id} was not written: the write of an earlier "
                     f"checkpoint failed ({poisoned}); its entries go into the next one.")
             else:
+                cancelled = False
                 try:
                     result = job.run()
                 except Preempted:
                     log.debug("pyflink-ndb: background %s gave way to a checkpoint job",
                               job.name)
                 except WriteCancelled:
+                    cancelled = True
+                except Exception as err:
+                    # After close() interrupted its statement the job fails with the
+                    # connection's loss: that is the cancel, not a database outage.
+                    cancelled = self._s.closing
+                    error = None if cancelled else err
+                except BaseException as err:  # reported to the task thread and to Flink
+                    error = err
+                if cancelled:
                     with self._cv:
                         self._s.running = None
                         self._cv.notify_all()
@@ -446,8 +463,6 @@ class BackgroundWriter:
                         self._report(job.checkpoint_id, WriteCancelled(
                             "the subtask closed before it was written"))
                     return
-                except BaseException as err:  # reported to the task thread and to Flink
-                    error = err
             with self._cv:
                 self._s.running = None
                 self._s.pending_bytes -= job.pending_bytes
@@ -458,10 +473,8 @@ class BackgroundWriter:
             if job.fail_fast and job.checkpoint_id is not None:
                 self._report(job.checkpoint_id, error)
             if error is not None and not job.fail_fast:
-                # A background job stopped by close() (a prefetch or key-filter page that
-                # could not queue the next one) is expected, not a warning.
-                (log.debug if self._s.closing else log.warning)(
-                    "pyflink-ndb: background %s failed: %s", job.name, error)
+                # (A job stopped by close() took the `cancelled` way above: expected.)
+                log.warning("pyflink-ndb: background %s failed: %s", job.name, error)
 
     def _next_job(self) -> Job:
         """Under the lock: the first job that is not a background one, else the first."""

@@ -1112,27 +1112,41 @@ class StateStore(ABC):
         """
         origin_json = json.dumps(origin, separators=(",", ":"))
         for _ in range(BRANCH_ID_TRIES):
-            branch = self._txn("allocate branch", lambda: self._insert_branch(
-                operator, kg_start, kg_end, lineage_json, origin_json, job_id, subtask,
-                attempt))
-            if branch is not None:
-                return branch
+            with contextlib.suppress(_BranchIdTaken):
+                return self._txn("allocate branch", lambda: self._insert_branch(
+                    operator, kg_start, kg_end, lineage_json, origin_json, job_id, subtask,
+                    attempt))
         raise self._branch_contention()
 
     def _insert_branch(self, operator: str, kg_start: int, kg_end: int, lineage_json: str,
-                       origin_json: str, job_id: str, subtask: int, attempt: int
-                       ) -> int | None:
-        """Inside a transaction: insert a branch row with id `MAX + 1`; None when another
-        session inserted that id meanwhile (try again in a new transaction)."""
+                       origin_json: str, job_id: str, subtask: int, attempt: int) -> int:
+        """Inside a transaction: insert a branch row with id `MAX + 1` and return the id.
+
+        :raises _BranchIdTaken: another session inserted that id meanwhile (the insert
+            inserted nothing, or the engine reported the duplicate key, as NDB may for an
+            id another transaction inserted and had not committed when this one looked):
+            roll back and try again in a new transaction.
+        """
         rows = self._query(f"SELECT MAX(branch_id) FROM {self.t_branches}")
         branch = int(rows[0][0] or 0) + 1
-        cur = self._execute(
-            f"{self._insert_ignore()} INTO {self.t_branches} (branch_id, operator, "
-            "kg_start, kg_end, lineage, origin, job_id, subtask, attempt, created_ms) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (branch, operator, kg_start, kg_end, lineage_json, origin_json, job_id,
-             subtask, attempt, now_ms()))
-        return branch if cur.rowcount == 1 else None
+        try:
+            cur = self._execute(
+                f"{self._insert_ignore()} INTO {self.t_branches} (branch_id, operator, "
+                "kg_start, kg_end, lineage, origin, job_id, subtask, attempt, created_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (branch, operator, kg_start, kg_end, lineage_json, origin_json, job_id,
+                 subtask, attempt, now_ms()))
+        except Exception as err:
+            if self._is_duplicate_key(err):
+                raise _BranchIdTaken from err
+            raise
+        if cur.rowcount != 1:
+            raise _BranchIdTaken
+        return branch
+
+    def _is_duplicate_key(self, err: BaseException) -> bool:
+        """True for the engine's duplicate-key error (a unique key's value exists)."""
+        return False
 
     def _branch_contention(self) -> StoreUnavailableError:
         return StoreUnavailableError(f"Could not allocate a branch id in {self.describe()} "
@@ -1277,7 +1291,9 @@ class StateStore(ABC):
         """
         def unit() -> tuple[OwnerMap, Descriptor | None]:
             before, committed = self._lock_operator(fence.operator)
-            self._check_restored(fence.operator, restored, check)
+            if check is not None:
+                self._check_restored(fence.operator, restored, check,
+                                     self._snapshot_rows(fence.operator))
             return before, self._take_key_groups(fence, before, committed, restored, reset)
         return self._txn("claim key groups", unit)
 
@@ -1285,13 +1301,16 @@ class StateStore(ABC):
                          origin: dict[str, Any], job_id: str, subtask: int, attempt: int,
                          restored: Descriptor | None, reset: bool = False,
                          check: Callable[[list[SnapshotRow]], None] | None = None,
-                         abandoned: Callable[[OwnerMap, int], Sequence[tuple[int, int]]]
-                         | None = None) -> tuple[int, OwnerMap, Descriptor | None]:
+                         abandoned: Callable[[OwnerMap, int, list[SnapshotRow]],
+                                             Sequence[tuple[int, int]]] | None = None
+                         ) -> tuple[int, OwnerMap, Descriptor | None]:
         """A subtask attempt's open: :meth:`allocate_branch`, :meth:`claim` and
         :meth:`delete_snapshots` of the snapshots the claim abandons, in one transaction
         (one commit instead of three: each waits for the database's log flush, 10-40 ms
         apiece on a MariaDB still flushing the gigabyte a job just wrote, bench part 8).
-        All or nothing: a failed check leaves no branch row behind either.
+        All or nothing: a failed check leaves no branch row behind either. (A commit
+        whose acknowledgement is lost is tried again: that try allocates another branch,
+        and the first one's row stays, unused, as with :meth:`allocate_branch`.)
 
         The owner row is locked before the branch id is chosen: two subtasks of one
         operator allocate one after the other; subtasks of other operators may take the
@@ -1301,7 +1320,8 @@ class StateStore(ABC):
             the branch row (:meth:`allocate_branch`).
         :param restored, reset, check: as :meth:`claim`.
         :param abandoned: called under the lock with (the owners before the claim, the new
-            branch id); returns the snapshots (branch, epoch) to forget. None: none.
+            branch id, the operator's snapshot rows read under the lock); returns the
+            snapshots (branch, epoch) to forget. None: none.
         :returns: (the new branch id, the owners before the claim, committed after it).
         :raises CheckpointError: from `check` (rolled back).
         :raises StoreUnavailableError: the database cannot be reached, or 100 tries found
@@ -1311,15 +1331,16 @@ class StateStore(ABC):
 
         def unit() -> tuple[int, OwnerMap, Descriptor | None]:
             before, committed = self._lock_operator(operator)
-            self._check_restored(operator, restored, check)
+            rows = (self._snapshot_rows(operator)
+                    if check is not None or abandoned is not None else [])
+            if check is not None:
+                self._check_restored(operator, restored, check, rows)
             branch = self._insert_branch(operator, kg_start, kg_end, lineage_json,
                                          origin_json, job_id, subtask, attempt)
-            if branch is None:
-                raise _BranchIdTaken
             fence = Fence(operator, branch, kg_start, kg_end)
             committed = self._take_key_groups(fence, before, committed, restored, reset)
             if abandoned is not None:
-                self._delete_snapshot_rows(operator, abandoned(before, branch))
+                self._delete_snapshot_rows(operator, abandoned(before, branch, rows))
             return branch, before, committed
         for _ in range(BRANCH_ID_TRIES):
             with contextlib.suppress(_BranchIdTaken):
@@ -1327,13 +1348,14 @@ class StateStore(ABC):
         raise self._branch_contention()
 
     def _check_restored(self, operator: str, restored: Descriptor | None,
-                        check: Callable[[list[SnapshotRow]], None] | None) -> None:
+                        check: Callable[[list[SnapshotRow]], None],
+                        rows: list[SnapshotRow]) -> None:
         """Inside the claim's transaction, the owner row locked: run `check` on the
-        operator's snapshot rows, then mark the restored snapshots completed."""
-        if check is not None:
-            check(self._snapshot_rows(operator))
-            if restored is not None:
-                self._set_completed(operator, [(t.branch, t.epoch) for t in restored.parts])
+        operator's snapshot `rows` (read under the lock), then mark the restored snapshots
+        completed."""
+        check(rows)
+        if restored is not None:
+            self._set_completed(operator, [(t.branch, t.epoch) for t in restored.parts])
 
     def _take_key_groups(self, fence: Fence, before: OwnerMap, committed: Descriptor | None,
                          restored: Descriptor | None, reset: bool) -> Descriptor | None:

@@ -47,6 +47,8 @@ _ACCESS_DENIED = {1044, 1045, 1698}
 #: ER_CON_COUNT_ERROR, ER_TOO_MANY_USER_CONNECTIONS, ER_USER_LIMIT_REACHED.
 TOO_MANY_CONNECTIONS = frozenset({1040, 1203, 1226})
 _PACKET_TOO_LARGE = {1153, 1301}
+#: ER_DUP_ENTRY: a unique key's value exists.
+ER_DUP_ENTRY = 1062
 _UNKNOWN_DATABASE = 1049
 _UNKNOWN_HOST = 2005
 _CR_SSL_CONNECTION_ERROR = 2026
@@ -714,6 +716,12 @@ class MysqlStateStore(StateStore):
     def _is_transient(self, err: BaseException) -> bool:
         """See :func:`is_transient_error`."""
         return is_transient_error(err)
+
+    def _is_duplicate_key(self, err: BaseException) -> bool:
+        """MySQL error 1062 (ER_DUP_ENTRY; NDB's 630 "tuple already existed" reaches the
+        client as it)."""
+        return isinstance(err, pymysql.err.MySQLError) and bool(err.args) \
+            and err.args[0] == ER_DUP_ENTRY
 
     def _is_lost_while_connecting(self, err: BaseException) -> bool:
         """See :func:`is_lost_while_connecting`."""

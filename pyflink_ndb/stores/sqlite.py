@@ -114,6 +114,9 @@ class SqliteStateStore(StateStore):
             "ttl_ms INTEGER, format_version INTEGER NOT NULL, UNIQUE (operator, state_name))",
         ]
 
+    def _is_duplicate_key(self, err: BaseException) -> bool:
+        return isinstance(err, sqlite3.IntegrityError)
+
     def _translate_error(self, err: Exception) -> Exception | None:
         if isinstance(err, sqlite3.OperationalError):
             return StoreUnavailableError(f"SQLite store {self.path!r} failed: {err}")
