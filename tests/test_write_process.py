@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import drop_namespace, unique_namespace
+from conftest import drop_namespace, mysql_connect, unique_namespace
 from pyflink.common import Types
 from pyflink.datastream.state import ValueStateDescriptor
 from tcp_proxy import TcpProxy, proxied_mysql_url
@@ -212,6 +213,52 @@ def test_a_close_while_a_stopped_child_holds_the_write_leaves_no_visible_epoch(
     assert _restored_value(mysql_url, sub, tmp_path, 1, keys) == {k: "one" for k in keys}
     with pytest.raises(CheckpointError):
         _restored_value(mysql_url, sub, tmp_path, 2, keys)
+
+
+def test_a_cancel_has_the_server_end_the_childs_statement(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    """The child's write waits in the server (here for the owner row's lock, which another
+    session holds; a cold read or a large batch would do the same) when the subtask is
+    cancelled: the close has the server end that statement (KILL QUERY of the child's
+    connection, which the child reported), instead of leaving it to run on with its
+    locks after the child is killed (the server notices a killed client only when its
+    statement ends; the next attempt's claim would wait for its shared lock)."""
+    options = _process_options(mysql_url, namespaces)
+    keys = [f"k{i}" for i in range(50)]
+    sub, value = _checkpointed(options, tmp_path / "s", keys)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process.server_thread is not None
+    child_thread = process.server_thread
+    holder = mysql_connect(mysql_url)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SET SESSION innodb_lock_wait_timeout = 30")
+            cur.execute("BEGIN")
+            cur.execute(f"SELECT owners FROM {options.namespace}_operators FOR UPDATE")
+
+        def waiting() -> bool:
+            with holder.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM information_schema.processlist "
+                            "WHERE id = %s AND info IS NOT NULL", (child_thread,))
+                return cur.fetchone()[0] > 0
+
+        for key in keys:
+            sub.key(key)
+            value.update("two")
+        sub.snapshot(2, durable=False)  # the child's fence check waits for the lock
+        deadline = time.monotonic() + 10
+        while not waiting() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert waiting(), "the child's statement did not reach the server"
+        sub.crash()
+        deadline = time.monotonic() + 3
+        while waiting() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not waiting(), "the child's statement ran on in the server after the cancel"
+    finally:
+        holder.rollback()
+        holder.close()
+    assert _restored_value(mysql_url, sub, tmp_path, 1, keys) == {k: "one" for k in keys}
 
 
 def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_everything(

@@ -762,10 +762,17 @@ class CheckpointProtocol:
         # uses it. The task thread's store (write.async false) is not.
         # Without `drain` (a cancel or failure) the statement in flight is interrupted at
         # once: Flink deploys the next attempt only after this close.
-        self.writer.close(interrupt=self.wstore.interrupt if self.wstore is not self.store
+        self.writer.close(interrupt=self._interrupt if self.wstore is not self.store
                           else None, cancel=not drain)
         if self.render_process is not None:
             self.render_process.close()
+
+    def _interrupt(self) -> None:
+        """End the writer's statement in flight, on its own connection and on the write
+        process's (the server ends that one: :meth:`RenderProcess.interrupt`)."""
+        if self.render_process is not None:
+            self.render_process.interrupt(self.wstore)
+        self.wstore.interrupt()
 
     # -- retention, garbage collection, cleanup -----------------------------------------
     def protected_snapshots(self) -> list[SnapshotRow]:

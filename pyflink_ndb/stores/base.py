@@ -476,6 +476,18 @@ class StateStore(ABC):
         its statements run to their end (SQLite's are local and short)."""
         self._closed = True
 
+    def server_thread(self) -> int | None:
+        """The database server's id of this store's connection (MySQL's `CONNECTION_ID()`),
+        or None: not connected, or an engine without one (SQLite)."""
+        return None
+
+    def kill_statement(self, server_thread: int) -> None:
+        """Have the server end the statement that its connection `server_thread` runs
+        (another process's connection: the write process's, :mod:`render_process`),
+        without waiting for it. The base store does nothing (SQLite's statements are
+        local)."""
+        return None
+
     def _retry_pause(self, seconds: float) -> None:
         """The pause between two tries of :meth:`_retry`, cut short when the store is
         closed or interrupted meanwhile (:meth:`interrupt`: a closing subtask's writer

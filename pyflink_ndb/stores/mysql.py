@@ -689,15 +689,27 @@ class MysqlStateStore(StateStore):
         (:data:`KILL_CONNECT_TIMEOUT_S` to connect; failures are logged at DEBUG, the close
         never waits for it)."""
         conn = self._conn
-        server_thread = conn.thread_id() if conn is not None else None
+        server_thread = self.server_thread()
         super().interrupt()
         sock = getattr(conn, "_sock", None)
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         if server_thread:
-            threading.Thread(target=self._kill_query, args=(int(server_thread),),
-                             name=f"pyflink-ndb-kill-{server_thread}", daemon=True).start()
+            self.kill_statement(server_thread)
+
+    def server_thread(self) -> int | None:
+        """See :meth:`StateStore.server_thread` (pymysql's `thread_id()`)."""
+        conn = self._conn
+        thread = conn.thread_id() if conn is not None else None
+        return int(thread) if thread else None
+
+    def kill_statement(self, server_thread: int) -> None:
+        """`KILL QUERY` of `server_thread` from a daemon thread on a short-lived connection
+        of its own (:data:`KILL_CONNECT_TIMEOUT_S` to connect; failures are logged at
+        DEBUG, the statement then ends on its own); returns at once."""
+        threading.Thread(target=self._kill_query, args=(int(server_thread),),
+                         name=f"pyflink-ndb-kill-{server_thread}", daemon=True).start()
 
     def _kill_query(self, server_thread: int) -> None:
         """`KILL QUERY` of `server_thread` on a short-lived connection of its own."""

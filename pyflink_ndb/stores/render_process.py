@@ -196,6 +196,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     root.setLevel(logging.WARNING)
     key_json = KeyJsonMemo()
     stores: dict[bytes, StateStore] = {}
+    reported: dict[bytes, int] = {}  # the server thread last reported, per store
 
     def read() -> Any:
         header = requests.read(_HEADER.size)
@@ -215,7 +216,8 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             _, version, rows, renderers = request
             reply(render_rows(version, [WriteRow(*r) for r in rows], renderers, key_json))
         else:
-            reply((*_serve_store(request, stores, key_json, read, reply), logs.take()))
+            reply((*_serve_store(request, stores, reported, key_json, read, reply),
+                   logs.take()))
 
 
 class _LogLines(logging.Handler):
@@ -246,7 +248,7 @@ class _LogLines(logging.Handler):
 
 
 def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
-                 key_json: KeyJsonMemo, read: Callable[[], Any],
+                 reported: dict[bytes, int], key_json: KeyJsonMemo, read: Callable[[], Any],
                  reply: Callable[[object], None]) -> tuple[Any, ...]:
     """The child's part of :meth:`RenderProcess.write` (one slice) and
     :meth:`RenderProcess.delete_exact`, on the child's own connection: `store` is the
@@ -257,7 +259,12 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
     :meth:`StateStore.write_versions`; rows whose value the child cannot unpickle are asked
     for first: the reply `("undecodable", indexes)` is answered by a request
     `("literals", {index: rendered})`, rendered by the writer. A delete runs
-    :meth:`StateStore.delete_exact`.
+    :meth:`StateStore.delete_exact`. Before the work, a reply `("connection",
+    server_thread)` names the child's connection on the server whenever it is new (the
+    first request, a reconnect between requests; `reported` remembers the last one per
+    store): the writer's close has the server end its statement (`KILL QUERY`,
+    :meth:`RenderProcess.interrupt`). A reconnect inside one request's retries is not
+    reported until the next request.
 
     :returns: the final reply without its log lines (:func:`serve` adds them),
         `("done", rows, retries)` (rows written or deleted, the store's retries meanwhile)
@@ -271,6 +278,7 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
             for old in stores.values():
                 old.close()
             stores.clear()
+            reported.clear()
             store = pickle.loads(store_bytes)
             try:
                 store.connect()
@@ -279,6 +287,12 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
                     return ("error", "failed", f"its connection was refused: {err}")
                 raise
             stores[store_bytes] = store
+        # The writer's close has the server end this connection's statement (KILL QUERY)
+        # when it stops this child mid-request: tell it which connection that is.
+        server_thread = store.server_thread()
+        if server_thread is not None and server_thread != reported.get(store_bytes):
+            reply(("connection", server_thread))
+            reported[store_bytes] = server_thread
         before = store.retries
         if kind == "delete":
             done = store.delete_exact(fence, [Deletion(*d) for d in args[0]])
@@ -329,7 +343,7 @@ def python_executable() -> str | None:
 
 class RenderProcess:
     """The render process of one subtask's background writer (used from that thread only;
-    :meth:`close` from any thread).
+    :meth:`close` and :meth:`interrupt` from any thread).
 
     :param name: for log messages (operator/subtask).
     :param python: the interpreter to start (None: :func:`python_executable`).
@@ -352,6 +366,11 @@ class RenderProcess:
         self.unpicklable_store: str | None = None
         #: The latest write or delete fell back to the writer (see :attr:`delegates`).
         self.writing_here = False
+        #: The server thread of the child's connection, as the child last reported it
+        #: (None: no child, or it has not connected yet); see :meth:`interrupt`.
+        self.server_thread: int | None = None
+        #: A write or delete request is with the child (from its send to its reply).
+        self._store_call_in_flight = False
         self._child: subprocess.Popen[bytes] | None = None
 
     @property
@@ -546,8 +565,13 @@ class RenderProcess:
         try:
             try:
                 self._require_child(start)
+                self._store_call_in_flight = True
                 self._send_frame(request, between)
                 answer = self._receive_frame(between, stall_s)
+                if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
+                        and type(answer[1]) is int):
+                    self.server_thread = answer[1]
+                    answer = self._receive_frame(between, stall_s)
                 if (type(answer) is tuple and len(answer) == 2
                         and answer[0] == "undecodable" and literals is not None):
                     indexes = answer[1]
@@ -559,6 +583,8 @@ class RenderProcess:
             except BaseException:
                 self._stop()  # cancelled or failed mid-request: its reply would be stale
                 raise
+            finally:
+                self._store_call_in_flight = False
             if not (type(answer) is tuple and len(answer) == 4 and (
                     (answer[0] == "done" and type(answer[1]) is int
                      and type(answer[2]) is int)
@@ -743,7 +769,21 @@ class RenderProcess:
             raise RenderProcessError(f"it made no progress for {limit:.0f} s")
         return False
 
+    def interrupt(self, store: StateStore) -> None:
+        """End the statement the child runs for a write or delete in flight: the server
+        ends it (`KILL QUERY` of the child's connection, through `store`'s
+        :meth:`~StateStore.kill_statement`, which returns at once). For the writer's close
+        (:meth:`BackgroundWriter.close <pyflink_ndb.checkpoint.writer.BackgroundWriter.close>`),
+        which then stops the child: the server notices a killed client only once its
+        statement ends, and until then the statement holds its locks (a fenced write holds
+        the owner row's shared lock, which the next attempt's claim waits for). Nothing
+        when no request is in flight or the child has not reported its connection."""
+        server_thread = self.server_thread
+        if self._store_call_in_flight and server_thread is not None:
+            store.kill_statement(server_thread)
+
     def _stop(self) -> None:
+        self.server_thread = None
         child, self._child = self._child, None
         if child is None:
             return
