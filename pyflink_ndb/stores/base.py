@@ -216,8 +216,9 @@ BRANCH_ID_TRIES = 100
 
 
 class _BranchIdTaken(Exception):
-    """Inside :meth:`StateStore.claim_new_branch`: another session inserted the branch id
-    this transaction chose; it rolls back and is tried again."""
+    """Inside :meth:`StateStore.allocate_branch` and :meth:`StateStore.claim_new_branch`:
+    another session inserted the branch id this transaction chose; it rolls back and is
+    tried again."""
 
 
 class StateStore(ABC):
