@@ -8,6 +8,7 @@ import itertools
 import json
 import random
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -864,6 +865,49 @@ def test_claim_new_branch_tries_again_whole_when_the_id_was_taken(
     again, _, _ = store.claim_new_branch("op-3", 0, KG_END, lineage, {"kind": "fresh"},
                                          "job-c", 0, 0, None)
     assert raised and again == bid + 1 and store.branches_of("op-3") == [again]
+
+
+def test_concurrent_opens_of_several_operators_get_distinct_branches(
+        store_kind: str, store_factory: Callable[..., StateStore]) -> None:
+    """Eight subtasks of four operators open at once, each on a connection of its own
+    (several TaskManagers): every claim commits, with distinct branch ids (the ones that
+    chose an id another operator's subtask took meanwhile tried again), and each owner
+    row names its two subtasks' branches."""
+    first = store_factory(store_kind)
+    stores = [first] + [store_factory(store_kind, namespace=first.namespace)
+                        for _ in range(7)]
+    barrier = threading.Barrier(len(stores))
+    got: dict[int, tuple[str, int, int]] = {}
+    errors: list[BaseException] = []
+
+    def open_subtask(i: int) -> None:
+        operator, subtask = f"op-{i // 2}", i % 2
+        kg_start, kg_end = (0, 63) if subtask == 0 else (64, KG_END)
+        lineage = fresh_lineage(0, kg_start, kg_end).to_json()
+        try:
+            barrier.wait(10)
+            bid, _, _ = stores[i].claim_new_branch(
+                operator, kg_start, kg_end, lineage, {"kind": "fresh"}, "job", subtask, 0,
+                None, abandoned=lambda before, branch, rows: [])
+            got[i] = (operator, subtask, bid)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=open_subtask, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert sorted(bid for _, _, bid in got.values()) == list(range(1, len(stores) + 1))
+    for o in range(len(stores) // 2):
+        row = first.read_operator(f"op-{o}")
+        mine = {subtask: bid for operator, subtask, bid in got.values()
+                if operator == f"op-{o}"}
+        assert row is not None and row.owners == ((0, 63, mine[0]), (64, KG_END, mine[1]))
+    branches = first.load_branches(bid for _, _, bid in got.values())
+    assert {(b.operator, b.subtask) for b in branches.values()} == {
+        (operator, subtask) for operator, subtask, _ in got.values()}
 
 
 # -- format -----------------------------------------------------------------------------
