@@ -1085,53 +1085,6 @@ def test_a_crash_during_garbage_collection_stops_it_at_its_next_yield(
     check_restored_after_slow_collection(store, local_dir)
 
 
-@pytest.mark.mysql
-def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
-        store_factory, local_dir):
-    """A cancelled subtask's close does not wait for the database to answer the
-    statement in flight (Flink deploys the next attempt only once it is closed): here
-    garbage collection's read of versions waits 5 s in the server (`SLEEP(5)` on the
-    writer's own connection, as a read of cold pages or a lock wait would). The close
-    interrupts it, the interrupted read is not retried, the server ends the statement
-    too, and the restored attempt reads the committed values."""
-    store = store_factory("mysql")
-    t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
-    v = t.context.get_state(ValueStateDescriptor("v", ANY))
-    protocol = t.backend.protocol
-    wstore = protocol.wstore
-    real = start_slow_collection(t, v)
-    in_server = threading.Event()
-    outcome: list[BaseException] = []
-
-    def read_in_a_slow_server(refs):
-        in_server.set()
-        try:
-            wstore._read("slow read", "SELECT SLEEP(5)")
-        except BaseException as err:
-            outcome.append(err)
-            raise
-        return real(refs)
-
-    wstore.read_versions = read_in_a_slow_server
-    assert in_server.wait(30), "the collection run read again"
-    time.sleep(0.2)  # in the server now
-    started = time.monotonic()
-    t.crash()
-    took = time.monotonic() - started
-    assert took < 1.0, f"the close waited {took:.2f} s for the statement"
-    assert not protocol.writer.alive
-    assert outcome and "error 2013" in str(outcome[0]), outcome
-    assert wstore.retries == 0, "an interrupted statement is not retried"
-    # The server ends the statement too (KILL QUERY): it would otherwise run its 5 s
-    # and keep its locks.
-    deadline = time.monotonic() + 3
-    while store._query("SELECT COUNT(*) FROM information_schema.processlist WHERE "
-                       "info = 'SELECT SLEEP(5)'")[0][0] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert time.monotonic() < deadline, "the interrupted statement ran on in the server"
-    check_restored_after_slow_collection(store, local_dir)
-
-
 def _slow_in_server(wstore: Any, name: str, outcome: list[BaseException]) -> threading.Event:
     """Make `wstore.<name>` first wait 5 s in the server (`SELECT SLEEP(5)` on the writer's
     own connection, as a cold read, a lock wait or a large batch would); returns the event
@@ -1150,6 +1103,42 @@ def _slow_in_server(wstore: Any, name: str, outcome: list[BaseException]) -> thr
 
     setattr(wstore, name, slow)
     return in_server
+
+
+@pytest.mark.mysql
+def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
+        store_factory, local_dir):
+    """A cancelled subtask's close does not wait for the database to answer the
+    statement in flight (Flink deploys the next attempt only once it is closed): here
+    garbage collection's read of versions waits 5 s in the server (`SLEEP(5)` on the
+    writer's own connection, as a read of cold pages or a lock wait would). The close
+    interrupts it, the interrupted read is not retried, the server ends the statement
+    too, and the restored attempt reads the committed values."""
+    store = store_factory("mysql")
+    t = LocalSubtask(store, opts("cache10k"), local_dir=local_dir)
+    v = t.context.get_state(ValueStateDescriptor("v", ANY))
+    protocol = t.backend.protocol
+    wstore = protocol.wstore
+    start_slow_collection(t, v)
+    outcome: list[BaseException] = []
+    in_server = _slow_in_server(wstore, "read_versions", outcome)
+    assert in_server.wait(30), "the collection run read again"
+    time.sleep(0.2)  # in the server now
+    started = time.monotonic()
+    t.crash()
+    took = time.monotonic() - started
+    assert took < 1.0, f"the close waited {took:.2f} s for the statement"
+    assert not protocol.writer.alive
+    assert outcome and "error 2013" in str(outcome[0]), outcome
+    assert wstore.retries == 0, "an interrupted statement is not retried"
+    # The server ends the statement too (KILL QUERY): it would otherwise run its 5 s
+    # and keep its locks.
+    deadline = time.monotonic() + 3
+    while store._query("SELECT COUNT(*) FROM information_schema.processlist WHERE "
+                       "info = 'SELECT SLEEP(5)'")[0][0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert time.monotonic() < deadline, "the interrupted statement ran on in the server"
+    check_restored_after_slow_collection(store, local_dir)
 
 
 @pytest.mark.mysql

@@ -757,20 +757,28 @@ def test_allocate_branch_ids_grow(store_kind: str,
     assert five.created_ms > 0
 
 
-def test_allocate_branch_retries_an_id_taken_meanwhile(store: StateStore,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    lineage = fresh_lineage(0, 0, KG_END).to_json()
-    first = store.allocate_branch(OP, 0, KG_END, lineage, {"kind": "fresh"}, "job-a", 0, 0)
+def _stale_max_once(store: StateStore, first: int,
+                    monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the store's next `SELECT MAX(branch_id)` answer `first - 1`, as if another
+    server had not committed branch `first` yet; returns the list that records it."""
     query = store._query
-    stale = []
+    stale: list[str] = []
 
     def stale_max_once(text: str, params: Any = ()) -> list[tuple[Any, ...]]:
         if "MAX(branch_id)" in text and not stale:
             stale.append(text)
-            return [(first - 1,)]  # as if another server had not committed `first` yet
+            return [(first - 1,)]
         return query(text, params)
 
     monkeypatch.setattr(store, "_query", stale_max_once)
+    return stale
+
+
+def test_allocate_branch_retries_an_id_taken_meanwhile(store: StateStore,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    lineage = fresh_lineage(0, 0, KG_END).to_json()
+    first = store.allocate_branch(OP, 0, KG_END, lineage, {"kind": "fresh"}, "job-a", 0, 0)
+    stale = _stale_max_once(store, first, monkeypatch)
     second = store.allocate_branch("other-op", 0, KG_END, lineage, {"kind": "fresh"},
                                    "job-b", 0, 0)
     assert stale and second == first + 1
@@ -831,16 +839,8 @@ def test_claim_new_branch_tries_again_whole_when_the_id_was_taken(
     lineage = fresh_lineage(0, 0, KG_END).to_json()
     first = store.allocate_branch("other-op", 0, KG_END, lineage, {"kind": "fresh"}, "job-a",
                                   0, 0)
-    query, execute = store._query, store._execute
-    stale: list[str] = []
-
-    def stale_max_once(text: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        if "MAX(branch_id)" in text and not stale:
-            stale.append(text)
-            return [(first - 1,)]  # as if another server had not committed `first` yet
-        return query(text, params)
-
-    monkeypatch.setattr(store, "_query", stale_max_once)
+    execute = store._execute
+    stale = _stale_max_once(store, first, monkeypatch)
     checked: list[int] = []
     bid, before, _ = store.claim_new_branch(OP, 0, KG_END, lineage, {"kind": "fresh"}, "job-b",
                                             0, 0, None, check=lambda rows: checked.append(1))
