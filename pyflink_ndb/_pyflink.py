@@ -12,6 +12,7 @@ import decimal
 from typing import Any
 
 from pyflink.common import Row
+from pyflink.datastream import TimerService
 
 
 def ttl_config_of(descriptor: Any) -> Any:
@@ -189,6 +190,76 @@ def answer_key_from_record(context: Any, backend: Any) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def answer_from_bundle(context: Any, backend: Any) -> bool:
+    """Make a record context answer for the record of a bundle (`bundle.records`): its
+    `timestamp()` is the record's, and its timer service makes the record Java's current
+    record before a timer is registered or deleted (:class:`BundleTimerService`). Outside
+    a bundle both ask Java as before. Its `get_current_key()` answers from the record
+    already (:func:`answer_key_from_record`).
+
+    PyFlink's `InternalKeyedProcessFunctionContext`
+    (`fn_execution/datastream/embedded/process_function.py`) reads `j_context.timestamp()`,
+    the Java operator's timestamp of the record it processes, and registers timers through
+    Flink's `SimpleTimerService`, whose `InternalTimerService` takes the key from the
+    operator's current key: while a bundle is processed in one call, Java's current record
+    is not the one Python processes. Instance attributes shadow the methods on this
+    context object only.
+
+    :returns: True when the context now answers for bundles; False (nothing changed) when
+        it takes no attributes or has no timer service.
+    """
+    java_timestamp = getattr(context, "timestamp", None)
+    java_timer_service = getattr(context, "timer_service", None)
+    if not callable(java_timestamp) or not callable(java_timer_service):
+        return False
+    service = BundleTimerService(backend, java_timer_service())
+
+    def timestamp() -> Any:
+        record = backend.bundle
+        return java_timestamp() if record is None else record.timestamp
+
+    try:
+        context.timestamp = timestamp
+        context.timer_service = lambda: service
+    except AttributeError:
+        return False
+    return True
+
+
+class BundleTimerService(TimerService):
+    """A record context's timer service in a bundle: Flink registers and deletes a timer
+    for Java's current key, so the record being processed is made Java's current record
+    first (`backend.select_bundle_record()`, one call into Java per record that touches
+    its timers; nothing outside a bundle). The clock and the watermark are Java's (a
+    bundle is processed before any watermark that follows its records)."""
+
+    def __init__(self, backend: Any, service: Any) -> None:
+        self._backend = backend
+        self._service = service
+
+    def current_processing_time(self) -> int:
+        return self._service.current_processing_time()
+
+    def current_watermark(self) -> int:
+        return self._service.current_watermark()
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._backend.select_bundle_record()
+        self._service.register_processing_time_timer(timestamp)
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._backend.select_bundle_record()
+        self._service.register_event_time_timer(timestamp)
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._backend.select_bundle_record()
+        self._service.delete_processing_time_timer(timestamp)
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._backend.select_bundle_record()
+        self._service.delete_event_time_timer(timestamp)
 
 
 #: Key types whose objects cannot change: returned as they are by :func:`key_answer`.

@@ -139,6 +139,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("read-ahead.max-wait-ms", "read_ahead_max_wait_ms", 5,
                "Longest time (ms) a record waits in a read-ahead bundle that is not full "
                "(the latency reading ahead may add, only while it is active); at least 1."),
+    OptionSpec("bundle.records", "bundle_records", 0,
+               "Records a keyed process function's bridge processes in one call into the "
+               "Python interpreter (STREAMING mode, one-input keyed process functions "
+               "without side outputs): it holds records back until the bundle is full, its "
+               "first record has waited `bundle.max-wait-ms`, or anything that must follow "
+               "its records arrives (a watermark, a timer, a checkpoint barrier, the end of "
+               "input). The record context (`get_current_key`, `timestamp`, the timer "
+               "service) is each record's own. The size of read-ahead bundles too while it "
+               "is on. 0: off (one call per record)."),
+    OptionSpec("bundle.max-wait-ms", "bundle_max_wait_ms", 5,
+               "Longest time (ms) a record waits in a bundle that is not full (the latency "
+               "`bundle.records` may add); at least 1."),
     OptionSpec("on-fresh-start", "on_fresh_start", "fail",
                "A start without a restored checkpoint on a namespace that holds committed "
                "state: `fail`, `resume` (from the latest completed checkpoint) or `truncate`."),
@@ -201,6 +213,8 @@ class NdbStateOptions:
     restore_key_filter: bool = True
     read_ahead_records: int = 100
     read_ahead_max_wait_ms: int = 5
+    bundle_records: int = 0
+    bundle_max_wait_ms: int = 5
     on_fresh_start: str = "fail"
     checkpoints_retained: int | None = None
     value_max_bytes: int = 64 * 1024 * 1024
@@ -233,6 +247,8 @@ class NdbStateOptions:
         self._require(self.read_ahead_records >= 0, "read-ahead.records", "at least 0")
         self._require(self.read_ahead_max_wait_ms >= 1, "read-ahead.max-wait-ms",
                       "at least 1")
+        self._require(self.bundle_records >= 0, "bundle.records", "at least 0")
+        self._require(self.bundle_max_wait_ms >= 1, "bundle.max-wait-ms", "at least 1")
         self._require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
                       "`lazy`, `eager` or `background`")
         self._require(parse_cpu_pin(self.python_cpu_pin) is not None, "python.cpu-pin",

@@ -208,3 +208,76 @@ def test_record_key_reader_converts_only_the_key_field():
     read = _pyflink.record_key_reader(Operation())
     assert read((0, ("k1", b"pickled"))) == ("key", "k1")
     assert _pyflink.record_key_reader(object()) is None
+
+
+def test_record_contexts_read_timestamp_and_timers_from_java():
+    """`answer_from_bundle` shadows `timestamp` and `timer_service` of PyFlink's keyed
+    record context, whose timer service registers through Java's current key."""
+    source = _embedded_source("fn_execution/datastream/embedded/process_function.py")
+    context = source.split("class InternalKeyedProcessFunctionContext", 1)[1]
+    context = context.split("\nclass ", 1)[0]
+    assert "def timestamp(self) -> int:\n        return self._j_context.timestamp()" in context
+    assert "def timer_service(self) -> TimerService:" in context
+    timers = _embedded_source("fn_execution/datastream/embedded/timerservice_impl.py")
+    for method in ("registerProcessingTimeTimer", "registerEventTimeTimer",
+                   "deleteProcessingTimeTimer", "deleteEventTimeTimer"):
+        assert f"self._j_timer_service.{method}(timestamp)" in timers
+
+
+class _Timers:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def current_processing_time(self):
+        return 5
+
+    def current_watermark(self):
+        return 7
+
+    def register_event_time_timer(self, timestamp):
+        self.calls.append(("register", timestamp))
+
+    def delete_event_time_timer(self, timestamp):
+        self.calls.append(("delete", timestamp))
+
+    register_processing_time_timer = register_event_time_timer
+    delete_processing_time_timer = delete_event_time_timer
+
+
+class _RecordContext:
+    def __init__(self, calls):
+        self._timers = _Timers(calls)
+
+    def timestamp(self):
+        return "java"
+
+    def timer_service(self):
+        return self._timers
+
+
+class _BundleBackend:
+    def __init__(self, calls):
+        self.bundle = None
+        self.calls = calls
+
+    def select_bundle_record(self):
+        self.calls.append(("select", self.bundle.index))
+
+
+def test_a_record_context_answers_for_the_record_of_a_bundle():
+    from pyflink_ndb.runtime.backend import RecordInBundle
+
+    calls: list = []
+    backend = _BundleBackend(calls)
+    context = _RecordContext(calls)
+    assert _pyflink.answer_from_bundle(context, backend)
+    timers = context.timer_service()
+    assert context.timestamp() == "java"  # outside a bundle: Java's answer
+    record = backend.bundle = RecordInBundle()
+    record.index, record.timestamp = 3, 1234
+    assert context.timestamp() == 1234
+    timers.register_event_time_timer(10)
+    timers.delete_processing_time_timer(11)
+    assert (timers.current_processing_time(), timers.current_watermark()) == (5, 7)
+    assert calls == [("select", 3), ("register", 10), ("select", 3), ("delete", 11)]
+    assert _pyflink.answer_from_bundle(object(), backend) is False  # takes no attributes

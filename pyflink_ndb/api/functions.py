@@ -81,6 +81,13 @@ class _TieredFunction:
         elif ctx not in self._contexts:  # identity first: PyFlink passes one context
             self._contexts.append(ctx)
             _pyflink.answer_key_from_record(ctx, self._backend)
+            if (self._backend.bundle_contexts
+                    and not _pyflink.answer_from_bundle(ctx, self._backend)
+                    and self._backend.bundle is not None):
+                raise ConfigurationError(
+                    "pyflink-ndb cannot give the records of a bundle their own context "
+                    "(this apache-flink version's record context has another shape): set "
+                    "state.backend.ndb.bundle.records to 0.")
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
         self._backend.set_current_key(ctx.get_current_key())
@@ -99,7 +106,13 @@ class _TieredFunction:
 
 
 class TieredKeyedProcessFunction(_TieredFunction, KeyedProcessFunction):
-    """Runs `function` (a `KeyedProcessFunction`) with tiered keyed state."""
+    """Runs `function` (a `KeyedProcessFunction`) with tiered keyed state; its records
+    may come in bundles (`bundle.records`: the record context answers for each record,
+    :func:`pyflink_ndb._pyflink.answer_from_bundle`)."""
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        super().open(runtime_context)
+        self._backend.bundle_contexts = True
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context) -> Any:
         self._record_key(ctx)

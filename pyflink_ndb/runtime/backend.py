@@ -113,6 +113,19 @@ def drain_outputs(results: Iterator[Any] | None) -> Any:
     return (out, results)
 
 
+class RecordInBundle:
+    """The record of a bundle being processed (:meth:`SubtaskStateBackend.process_bundle`)."""
+
+    __slots__ = ("index", "key_group", "timestamp", "selected")
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.key_group = -1
+        self.timestamp: int = 0
+        #: The index Java's key context was last set to (-1: none in this call).
+        self.selected = -1
+
+
 class SubtaskStateBackend:
     """Tiered keyed state of one subtask (one operator instance).
 
@@ -196,6 +209,15 @@ class SubtaskStateBackend:
             self.second_input_keyed = True
             #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
             self.metrics: Any = None
+            #: Set by a keyed process function's wrapper that gives each record of a bundle
+            #: its own context (`pyflink_ndb.api.context.BundleRecordContext`): only then
+            #: does :meth:`read_ahead_settings` offer bundles (`bundle.records`).
+            self.bundle_contexts = False
+            #: The record of the bundle being processed: its key group and timestamp, its
+            #: index, and the index Java's key context was last set to (:meth:`process_bundle`).
+            self.bundle: RecordInBundle | None = None
+            #: The bridge's `BundleCursor` (Java), set by :meth:`enable_bundles`.
+            self._bundle_cursor: Any = None
             self.protocol.open(restored_tokens(self.store, info))
             #: The background prefetch (`restore.mode: background`), or None.
             self.prefetch: BackgroundPrefetch | None = None
@@ -280,7 +302,10 @@ class SubtaskStateBackend:
     def _key_group_of_new_key(self, key: Any) -> int:
         """Computed in Python where the Java key class allows (:mod:`key_groups
         <pyflink_ndb.runtime.key_groups>`; its first answers checked against Java's), else
-        asked of Java (a PEMJA call)."""
+        asked of Java (a PEMJA call). In a bundle, the key group Java computed for the
+        record (Java's current key is not the record's there)."""
+        if self.bundle is not None:
+            return self.bundle.key_group
         calculator = self._kg_calculator
         if calculator is None:
             calculator = self._kg_calculator = self._make_calculator()
@@ -305,12 +330,79 @@ class SubtaskStateBackend:
         self._kg_memo[key_bytes] = key_group
 
     def read_ahead_settings(self) -> list[int]:
-        """`[records per bundle, longest wait in ms]` for the Java bridge
-        (`read-ahead.records`, `read-ahead.max-wait-ms`); records 0: the bridge never
-        buffers (the option is 0, or the records' keys cannot be read in Python, see
-        :meth:`attach_operation`). Called once, after :meth:`attach_operation`."""
-        records = self.options.read_ahead_records if self._record_key is not None else 0
-        return [records, self.options.read_ahead_max_wait_ms]
+        """`[read-ahead records, its longest wait in ms, bundle records, their longest wait
+        in ms]` for the Java bridge (`read-ahead.records`, `read-ahead.max-wait-ms`,
+        `bundle.records`, `bundle.max-wait-ms`). Records 0: off, also when the records'
+        keys cannot be read in Python (see :meth:`attach_operation`); bundles also need
+        a wrapper that gives each record of a bundle its context
+        (:attr:`bundle_contexts`). Called once, after :meth:`attach_operation`."""
+        keyed = self._record_key is not None
+        records = self.options.read_ahead_records if keyed else 0
+        bundle = self.options.bundle_records if keyed and self.bundle_contexts else 0
+        return [records, self.options.read_ahead_max_wait_ms, bundle,
+                self.options.bundle_max_wait_ms]
+
+    def enable_bundles(self, cursor: Any) -> None:
+        """Called by the bridge when it processes records in bundles: `cursor.select(i)`
+        makes record `i` of the bundle being processed Java's current record (its key
+        context and timestamp), which timers need (:meth:`select_bundle_record`)."""
+        self._bundle_cursor = cursor
+
+    def process_bundle(self, records: Any, key_groups: Any, timestamps: Any, start: int,
+                       read_ahead: bool) -> tuple[int, list[Any] | None, Any]:
+        """Process `records[start:]` in arrival order in this one call from the bridge
+        (`bundle.records`): what :meth:`process_element` does for each, with the record's
+        key group, timestamp and (for timers) Java key context at hand
+        (:attr:`bundle`).
+
+        :param records: the records as the bridge hands them to the operation's
+            `process_element`.
+        :param key_groups: each record's key group, as Flink assigns it.
+        :param timestamps: each record's timestamp as Flink's context gives it (ms;
+            `Long.MIN_VALUE` for a record without one, as PyFlink's `ctx.timestamp()`).
+        :param start: the first record still to process (a call after a record with more
+            than :data:`OUTPUTS_PER_CALL` outputs goes on from the next one).
+        :param read_ahead: read the bundle's keys ahead first (:meth:`read_ahead`).
+        :returns: `(gain, outputs, rest)`: `gain` what :meth:`read_ahead` returned (0
+            when not asked); `outputs` None when no record had outputs, else one entry per
+            processed record from `start` (None, or the list of its outputs); `rest` None
+            when every record was processed, else the generator of the further outputs of
+            the last processed record, which had more than :data:`OUTPUTS_PER_CALL` (its
+            first ones are its entry; the bridge iterates the rest, then calls again).
+        """
+        gain = self.read_ahead(records, key_groups) if read_ahead else 0
+        process = self._operation.process_element
+        outputs: list[Any] | None = None
+        record = self.bundle = RecordInBundle()
+        try:
+            for i in range(start, len(records)):
+                record.index = i
+                record.key_group = int(key_groups[i])
+                record.timestamp = timestamps[i]
+                out = drain_outputs(process(records[i]))
+                if out is None:
+                    if outputs is not None:
+                        outputs.append(None)
+                    continue
+                if outputs is None:
+                    outputs = [None] * (i - start)
+                if isinstance(out, tuple):
+                    outputs.append(out[0])
+                    return gain, outputs, out[1]
+                outputs.append(out)
+            return gain, outputs, None
+        finally:
+            self.bundle = None
+
+    def select_bundle_record(self) -> None:
+        """Make the record of the bundle being processed Java's current record (key
+        context, timestamp), once per record: before a timer is registered or deleted,
+        which Flink's timer service does for Java's current key."""
+        record = self.bundle
+        if record is None or record.selected == record.index:
+            return
+        self._bundle_cursor.select(record.index)
+        record.selected = record.index
 
     def read_ahead(self, records: Any, key_groups: Any) -> int:
         """Called by the Java bridge with a bundle of records before it processes them

@@ -19,6 +19,8 @@ import org.apache.flink.streaming.api.utils.PythonTypeUtils;
 import org.apache.flink.streaming.api.watermark.Watermark;
 import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 
+import pemja.core.object.PyIterator;
+
 import java.util.List;
 
 /**
@@ -53,6 +55,9 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
     private transient ReadAhead<IN> readAhead;
 
     private transient PythonTypeUtils.DataConverter<IN, Object> readAheadConverter;
+
+    /** The records of the bundle being processed in one call; null between bundles. */
+    private transient List<StreamRecord<IN>> bundleRecords;
 
     /** Copies a held-back value when Flink may reuse the object; null without object reuse. */
     private transient TypeSerializer<IN> reusedValueCopier;
@@ -100,7 +105,10 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
         readAhead = null;
         String backendClass = getKeyedStateBackend().getClass().getName();
         if (!backendClass.contains("BatchExecution")) {
-            readAhead = hooks().readAhead();
+            readAhead = hooks().readAhead(!hasSideOutput);
+        }
+        if (readAhead != null && readAhead.processesBundles) {
+            hooks().enableBundles(new BundleCursor(this::selectBundleRecord));
         }
         if (readAhead != null) {
             readAheadConverter =
@@ -159,7 +167,11 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
         }
     }
 
-    /** Python reads the bundle's keys ahead, then its records are processed in arrival order. */
+    /**
+     * Python reads the bundle's keys ahead (while that pays), then its records are processed in
+     * arrival order: in one call into the interpreter ({@code bundle.records}, {@link
+     * #processInOneCall}), else one call each.
+     */
     private void processBundle() throws Exception {
         ReadAhead<IN> bundle = readAhead;
         if (bundle == null || bundle.isEmpty()) {
@@ -179,11 +191,81 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
                     KeyGroupRangeAssignment.assignToKeyGroup(
                             keySelector.getKey(value), maxParallelism);
         }
+        if (bundle.processesBundles) {
+            processInOneCall(bundle, records, values, keyGroups);
+            return;
+        }
         bundle.observe(hooks().readAhead(values, keyGroups));
         for (StreamRecord<IN> record : records) {
             setKeyContextElement1(record);
             processRecord(record);
         }
+    }
+
+    /**
+     * The bundle's records in one call into the interpreter ({@code ndb_backend.process_bundle}),
+     * their outputs emitted afterwards in the same order, each with its record's timestamp. A
+     * record with more than {@code OUTPUTS_PER_CALL} outputs ends the call: its further outputs
+     * are iterated as PyFlink does (with the record current), and the next call goes on from the
+     * next record. Python asks for a record to be made current ({@link #selectBundleRecord})
+     * before it registers or deletes a timer.
+     */
+    private void processInOneCall(
+            ReadAhead<IN> bundle, List<StreamRecord<IN>> records, Object[] values, int[] keyGroups)
+            throws Exception {
+        int size = records.size();
+        long[] timestamps = new long[size];
+        for (int i = 0; i < size; i++) {
+            timestamps[i] = records.get(i).getTimestamp();
+        }
+        boolean readAheadFirst = bundle.readAheadFor(size);
+        bundleRecords = records;
+        try {
+            int start = 0;
+            while (start < size) {
+                boolean reading = readAheadFirst && start == 0;
+                Object[] result =
+                        hooks().processBundle(values, keyGroups, timestamps, start, reading);
+                if (reading) {
+                    bundle.observe(((Number) result[0]).longValue());
+                }
+                List<?> outputs = (List<?>) result[1];
+                PyIterator rest = (PyIterator) result[2];
+                int done = rest == null ? size - start : outputs.size();
+                if (outputs != null) {
+                    for (int j = 0; j < outputs.size(); j++) {
+                        Object recordOutputs = outputs.get(j);
+                        if (recordOutputs != null) {
+                            collector.setTimestamp(records.get(start + j));
+                            recordCall.emit((List<?>) recordOutputs, collector);
+                        }
+                    }
+                }
+                if (rest != null) {
+                    int last = start + done - 1;
+                    selectBundleRecord(last);
+                    collector.setTimestamp(records.get(last));
+                    recordCall.emitRest(rest, collector);
+                }
+                start += done;
+            }
+        } finally {
+            bundleRecords = null;
+        }
+    }
+
+    /**
+     * Makes record {@code index} of the bundle being processed the current record: Flink's key
+     * context (for the timer service) and the timestamp PyFlink's context reads.
+     */
+    private void selectBundleRecord(int index) {
+        StreamRecord<IN> record = bundleRecords.get(index);
+        try {
+            setKeyContextElement1(record);
+        } catch (Exception e) {
+            throw new RuntimeException("pyflink-ndb: setting the key of a bundled record", e);
+        }
+        timestamp = record.getTimestamp();
     }
 
     /** What PyFlink's {@code processElement} does, in one call into the interpreter ({@link

@@ -31,6 +31,17 @@ final class ReadAhead<T> {
     final int capacity;
     final long maxWaitMs;
 
+    /**
+     * True: every record is held back and each bundle is processed in one call into the
+     * interpreter ({@code bundle.records}); reading ahead, if on, then only decides whether the
+     * bundle's keys are read first ({@link #readAheadFor}). False: records are held back only
+     * while reading ahead pays ({@link #admit}).
+     */
+    final boolean processesBundles;
+
+    /** Whether bundles read their keys ahead ({@code read-ahead.records} above 0). */
+    final boolean readsAhead;
+
     private List<StreamRecord<T>> buffered;
 
     /** Changes with each {@link #take}: a wait timer of an earlier bundle finds it changed. */
@@ -49,19 +60,48 @@ final class ReadAhead<T> {
     private int passThroughLeft;
     private int nextPassThrough = FIRST_PASS_THROUGH;
 
+    /** Holds records back only while reading ahead pays (no bundle processing). */
     ReadAhead(int capacity, long maxWaitMs) {
+        this(capacity, maxWaitMs, false, true);
+    }
+
+    ReadAhead(int capacity, long maxWaitMs, boolean processesBundles, boolean readsAhead) {
         if (capacity < 1 || maxWaitMs < 1) {
             throw new IllegalArgumentException("read-ahead: capacity and wait must be >= 1");
         }
         this.capacity = capacity;
         this.maxWaitMs = maxWaitMs;
+        this.processesBundles = processesBundles;
+        this.readsAhead = readsAhead;
         this.buffered = new ArrayList<>(capacity);
     }
 
-    /** False while records pass straight through (counts the record). */
+    /**
+     * False while records pass straight through (counts the record); always true when bundles are
+     * processed in one call.
+     */
     boolean admit() {
+        if (processesBundles) {
+            return true;
+        }
         if (passThroughLeft > 0) {
             passThroughLeft--;
+            return false;
+        }
+        return true;
+    }
+
+    /**
+     * Whether a bundle of {@code size} records that is processed in one call reads its keys ahead:
+     * not while reading ahead is off, nor while it saved nothing of late (the pass-through of
+     * {@link #observe}, counted in records here).
+     */
+    boolean readAheadFor(int size) {
+        if (!readsAhead) {
+            return false;
+        }
+        if (passThroughLeft > 0) {
+            passThroughLeft = Math.max(0, passThroughLeft - size);
             return false;
         }
         return true;

@@ -72,7 +72,11 @@ final class RecordCall<IN, OUT> {
         }
         Object[] parts = (Object[]) results; // (the first outputs, the generator of the rest)
         emit((List<?>) parts[0], collector);
-        PyIterator rest = (PyIterator) parts[1];
+        emitRest((PyIterator) parts[1], collector);
+    }
+
+    /** Emits a record's further outputs, iterated as PyFlink does, and closes the iterator. */
+    void emitRest(PyIterator rest, TimestampedCollector<OUT> collector) throws Exception {
         try {
             while (rest.hasNext()) {
                 collector.collect(outputConverter.toInternal(rest.next()));
@@ -82,7 +86,8 @@ final class RecordCall<IN, OUT> {
         }
     }
 
-    private void emit(List<?> outputs, TimestampedCollector<OUT> collector) {
+    /** Emits a record's outputs (converted from Python) in their order. */
+    void emit(List<?> outputs, TimestampedCollector<OUT> collector) {
         for (Object result : outputs) {
             collector.collect(outputConverter.toInternal(result));
         }

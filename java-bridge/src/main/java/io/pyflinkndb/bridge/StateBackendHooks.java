@@ -279,18 +279,49 @@ final class StateBackendHooks {
     }
 
     /**
-     * The read-ahead settings Python resolved ({@code read-ahead.records}, {@code
-     * read-ahead.max-wait-ms}), or null when records are not to be buffered. Call after {@link
-     * #attachOperation}.
+     * The read-ahead and bundle settings Python resolved ({@code read-ahead.records}, {@code
+     * read-ahead.max-wait-ms}, {@code bundle.records}, {@code bundle.max-wait-ms}), or null when
+     * records are not to be buffered; {@code bundlesPossible} false (an operator with side
+     * outputs) ignores the bundle settings. Call after {@link #attachOperation}.
      */
-    <T> ReadAhead<T> readAhead() {
+    <T> ReadAhead<T> readAhead(boolean bundlesPossible) {
         if (boundInterpreter == null) {
             return null;
         }
         Object settings = boundInterpreter.invokeMethod(PY_BACKEND, "read_ahead_settings");
         long records = element(settings, 0);
         long waitMs = element(settings, 1);
+        long bundleRecords = element(settings, 2);
+        long bundleWaitMs = element(settings, 3);
+        if (bundleRecords > 0 && bundlesPossible) {
+            return new ReadAhead<>(
+                    (int) bundleRecords, Math.max(1, bundleWaitMs), true, records > 0);
+        }
         return records > 0 ? new ReadAhead<>((int) records, Math.max(1, waitMs)) : null;
+    }
+
+    /** Hands Python the cursor through which it makes a record of a bundle the current one. */
+    void enableBundles(BundleCursor cursor) {
+        if (boundInterpreter != null) {
+            boundInterpreter.invokeMethod(PY_BACKEND, "enable_bundles", cursor);
+        }
+    }
+
+    /**
+     * Processes {@code values[start:]} in one call ({@code ndb_backend.process_bundle}): returns
+     * Python's {@code (gain, outputs, rest)} as an {@code Object[]}.
+     */
+    Object[] processBundle(
+            Object[] values, int[] keyGroups, long[] timestamps, int start, boolean readAhead) {
+        return (Object[])
+                boundInterpreter.invokeMethod(
+                        PY_BACKEND,
+                        "process_bundle",
+                        values,
+                        keyGroups,
+                        timestamps,
+                        start,
+                        readAhead);
     }
 
     private static long element(Object list, int index) {
