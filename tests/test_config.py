@@ -81,6 +81,8 @@ def test_values_are_converted(key: str, raw: object, expected: object) -> None:
     ("write.batch-size", "-1", "at least 1"),
     ("value.max-bytes", "0", "at least 1"),
     ("checkpoints.retained", "0", "at least 1"),
+    ("bundle.records", "-1", "at least 0"),
+    ("bundle.max-wait-ms", "0", "at least 1"),
     ("checkpoints.retained", "all", "whole number"),
     ("local.enabled", "maybe", "true or false"),
     ("restore.key-filter", "maybe", "set it to true or false"),

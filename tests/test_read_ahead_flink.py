@@ -97,23 +97,26 @@ def run(options: dict[str, str], first_ts: int, report: Path,
         return [ast.literal_eval(line) for line in results]
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "mysql", "sqlite-object-reuse"])
+@pytest.mark.parametrize("kind", ["sqlite", "mysql", "sqlite-object-reuse", "mysql-bundle"])
 def test_resumed_job_reads_ahead_and_keeps_record_and_timer_order(kind, tmp_path, mysql_url):
     """`sqlite-object-reuse`: with `pipeline.object-reuse` the bridge copies each value it
-    holds back."""
+    holds back. `mysql-bundle`: each bundle is also processed in one call
+    (`bundle.records`, its size then), and still read ahead first."""
     namespace = unique_namespace("ra")
-    url = mysql_url if kind == "mysql" else f"sqlite:///{tmp_path / 'state.sqlite'}"
+    url = mysql_url if kind.startswith("mysql") else f"sqlite:///{tmp_path / 'state.sqlite'}"
     reuse = kind.endswith("object-reuse")
     options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
                "state.backend.ndb.on-fresh-start": "truncate",
                "state.backend.ndb.read-ahead.records": "50"}
+    if kind.endswith("bundle"):
+        options["state.backend.ndb.bundle.records"] = "50"
     try:
         run(options, 0, tmp_path / "first.txt", reuse)
         options["state.backend.ndb.on-fresh-start"] = "resume"
         first_ts = 1_000_000
         output = run(options, first_ts, tmp_path / "second.txt", reuse)
     finally:
-        if kind == "mysql":
+        if kind.startswith("mysql"):
             drop_namespace(mysql_url, namespace)
 
     counts: dict[str, list[tuple[int, int]]] = defaultdict(list)
