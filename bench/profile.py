@@ -82,20 +82,20 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
      "ndb-mariadb", "lazy"),
     ("ndb-mariadb-cache", "pyflink-ndb MariaDB, cache.max-entries 20,000",
      "ndb-mariadb", "lazy"),
-    ("ndb-mariadb-bundle", "pyflink-ndb MariaDB, bundle.records 100",
+    ("ndb-mariadb-nobundle", "pyflink-ndb MariaDB, bundle.records 0 (one call per record)",
      "ndb-mariadb", "lazy"),
 )
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg",
           "ndb-mariadb-render": "my_rp", "ndb-mariadb-thread": "my_th",
-          "ndb-mariadb-cache": "my_ca", "ndb-mariadb-bundle": "my_bu"}
+          "ndb-mariadb-cache": "my_ca", "ndb-mariadb-nobundle": "my_nb"}
 #: More pyflink-ndb options of a backend (`ndb-mariadb` runs the defaults: on 2 CPUs or
 #: more, `write.process: auto` turns the write process on).
 _EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true",
                                         "state.backend.ndb.write.process": "false"},
                   "ndb-mariadb-thread": {"state.backend.ndb.write.process": "false"},
                   "ndb-mariadb-cache": {"state.backend.ndb.cache.max-entries": "20000"},
-                  "ndb-mariadb-bundle": {"state.backend.ndb.bundle.records": "100"}}
+                  "ndb-mariadb-nobundle": {"state.backend.ndb.bundle.records": "0"}}
 
 
 # -- the job (runs in the TaskManager's interpreter) --------------------------------------

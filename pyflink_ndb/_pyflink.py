@@ -232,8 +232,12 @@ class BundleTimerService(TimerService):
     """A record context's timer service in a bundle: Flink registers and deletes a timer
     for Java's current key, so the record being processed is made Java's current record
     first (`backend.select_bundle_record()`, one call into Java per record that touches
-    its timers; nothing outside a bundle). The clock and the watermark are Java's (a
-    bundle is processed before any watermark that follows its records)."""
+    its timers; nothing outside a bundle). A processing-time timer is first checked
+    against the one whose firing runs the bundle (`backend.bundle_processing_timer`):
+    Flink took that one out of its queue already, so the bridge cancels or restores it.
+    The clock and the watermark are Java's (a bundle is processed before any watermark
+    that follows its records; the clock is read when the bundle runs, at most
+    `bundle.max-wait-ms` after the record arrived)."""
 
     def __init__(self, backend: Any, service: Any) -> None:
         self._backend = backend
@@ -246,20 +250,54 @@ class BundleTimerService(TimerService):
         return self._service.current_watermark()
 
     def register_processing_time_timer(self, timestamp: int) -> None:
-        self._backend.select_bundle_record()
-        self._service.register_processing_time_timer(timestamp)
+        if not self._backend.bundle_processing_timer(timestamp, False):
+            self._service.register_processing_time_timer(timestamp)
 
     def register_event_time_timer(self, timestamp: int) -> None:
         self._backend.select_bundle_record()
         self._service.register_event_time_timer(timestamp)
 
     def delete_processing_time_timer(self, timestamp: int) -> None:
-        self._backend.select_bundle_record()
-        self._service.delete_processing_time_timer(timestamp)
+        if not self._backend.bundle_processing_timer(timestamp, True):
+            self._service.delete_processing_time_timer(timestamp)
 
     def delete_event_time_timer(self, timestamp: int) -> None:
         self._backend.select_bundle_record()
         self._service.delete_event_time_timer(timestamp)
+
+
+def answer_chained_timestamps(operation: Any, backend: Any) -> bool:
+    """Make the record contexts of the operations PyFlink chained after a keyed operation
+    (`FunctionOperation._chained_operations`, `fn_execution/embedded/operations.py`)
+    answer `timestamp()` for the record of a bundle, as :func:`answer_from_bundle` does for
+    the keyed function's own context: each chained operation closes over a context of its
+    own (`InternalProcessFunctionContext`, `fn_execution/datastream/embedded/
+    process_function.py`) that reads the Java operator's timestamp.
+
+    :returns: True when every chained operation's context answers now (also when none is
+        chained); False when one has another shape (then no bundles: see
+        :meth:`SubtaskStateBackend.read_ahead_settings`).
+    """
+    for chained in getattr(operation, "_chained_operations", None) or ():
+        function = getattr(chained, "_process_element_func", None)
+        cells = getattr(function, "__closure__", None) or ()
+        contexts = [c.cell_contents for c in cells
+                    if hasattr(c.cell_contents, "_j_context")
+                    and callable(getattr(c.cell_contents, "timestamp", None))]
+        if not contexts:
+            return False
+        for context in contexts:
+            java_timestamp = context.timestamp
+
+            def timestamp(_java: Any = java_timestamp) -> Any:
+                record = backend.bundle
+                return _java() if record is None else record.timestamp
+
+            try:
+                context.timestamp = timestamp
+            except AttributeError:
+                return False
+    return True
 
 
 #: Key types whose objects cannot change: returned as they are by :func:`key_answer`.

@@ -139,7 +139,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("read-ahead.max-wait-ms", "read_ahead_max_wait_ms", 5,
                "Longest time (ms) a record waits in a read-ahead bundle that is not full "
                "(the latency reading ahead may add, only while it is active); at least 1."),
-    OptionSpec("bundle.records", "bundle_records", 0,
+    OptionSpec("bundle.records", "bundle_records", 100,
                "Records a keyed process function's bridge processes in one call into the "
                "Python interpreter (STREAMING mode, one-input keyed process functions "
                "without side outputs): it holds records back until the bundle is full, its "
@@ -213,7 +213,7 @@ class NdbStateOptions:
     restore_key_filter: bool = True
     read_ahead_records: int = 100
     read_ahead_max_wait_ms: int = 5
-    bundle_records: int = 0
+    bundle_records: int = 100
     bundle_max_wait_ms: int = 5
     on_fresh_start: str = "fail"
     checkpoints_retained: int | None = None

@@ -88,4 +88,6 @@ def test_bundles_are_offered_only_with_record_contexts_and_keys_from_records(sub
     backend._record_key = lambda record: record[1][0]
     assert backend.read_ahead_settings()[2:] == [0, 3]  # no wrapper answered for contexts
     backend.bundle_contexts = True
+    assert backend.read_ahead_settings()[2:] == [0, 3]  # chained contexts do not answer
+    backend._chain_answers = True
     assert backend.read_ahead_settings() == [100, 5, 64, 3]

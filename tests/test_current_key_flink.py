@@ -45,6 +45,7 @@ class KeyAsOutput(KeyedProcessFunction):
 
     def open(self, runtime_context: Any) -> None:
         self.n = runtime_context.get_state(ValueStateDescriptor("n", Types.LONG()))
+        self.backend = runtime_context.backend
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         n = (self.n.value() or 0) + 1
@@ -52,6 +53,9 @@ class KeyAsOutput(KeyedProcessFunction):
         out = ctx.get_current_key()
         out[1] = -n  # reuse the key Row as an output row
         yield repr(tuple(out))
+        # In a bundle (`bundle.records`) Java's current record is this one only once the
+        # bridge selected it (as it does before a timer call): then ask Java.
+        self.backend.select_bundle_record()
         yield repr(("key", repr(ctx.get_current_key()), repr(type(ctx).get_current_key(ctx)),
                     "get_current_key" in vars(ctx)))
 

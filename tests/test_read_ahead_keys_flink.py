@@ -47,8 +47,11 @@ class Counting(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: Any) -> Any:
         n = (self.count.value() or 0) + 1
         self.count.update(n)
-        # The context answers the record's key without Java; Java's own answer must agree.
+        # The context answers the record's key without Java; Java's own answer must agree
+        # (in a bundle, once the bridge made this record Java's current one, as it does
+        # before a timer call).
         answered = "get_current_key" in vars(ctx)
+        self.backend.select_bundle_record()
         java = type(ctx).get_current_key(ctx)
         yield repr((value[0], value[1], n, repr(ctx.get_current_key()), repr(java), answered))
 

@@ -65,8 +65,10 @@ def run(records: list[tuple[str, int]], tmp_path: Path, side: bool
     env = thread_mode_env(1)  # one subtask: its outputs arrive in the order it emitted them
     stream = env.from_collection(records, type_info=Types.TUPLE([Types.STRING(), Types.INT()]))
     report = tmp_path / "report.txt"
+    # One call per record (bundles: tests/test_bundle_flink.py).
     options = {"state.backend.ndb.url": f"sqlite:///{tmp_path / 'state.sqlite'}",
-               "state.backend.ndb.namespace": "record_call"}
+               "state.backend.ndb.namespace": "record_call",
+               "state.backend.ndb.bundle.records": "0"}
     out = pyflink_ndb.process(stream.key_by(lambda r: r[0], key_type=Types.STRING()),
                               Fanning(str(report), side), output_type=Types.STRING(),
                               uid="fanning", options=options)

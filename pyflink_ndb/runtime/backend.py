@@ -218,6 +218,9 @@ class SubtaskStateBackend:
             self.bundle: RecordInBundle | None = None
             #: The bridge's `BundleCursor` (Java), set by :meth:`enable_bundles`.
             self._bundle_cursor: Any = None
+            #: Whether the operations chained after this one answer for bundles too
+            #: (`answer_chained_timestamps`, in :meth:`attach_operation`).
+            self._chain_answers = False
             self.protocol.open(restored_tokens(self.store, info))
             #: The background prefetch (`restore.mode: background`), or None.
             self.prefetch: BackgroundPrefetch | None = None
@@ -335,10 +338,13 @@ class SubtaskStateBackend:
         `bundle.records`, `bundle.max-wait-ms`). Records 0: off, also when the records'
         keys cannot be read in Python (see :meth:`attach_operation`); bundles also need
         a wrapper that gives each record of a bundle its context
-        (:attr:`bundle_contexts`). Called once, after :meth:`attach_operation`."""
+        (:attr:`bundle_contexts`) and chained operations whose contexts answer too
+        (:func:`~pyflink_ndb._pyflink.answer_chained_timestamps`). Called once, after
+        :meth:`attach_operation`."""
         keyed = self._record_key is not None
         records = self.options.read_ahead_records if keyed else 0
-        bundle = self.options.bundle_records if keyed and self.bundle_contexts else 0
+        bundle = (self.options.bundle_records
+                  if keyed and self.bundle_contexts and self._chain_answers else 0)
         return [records, self.options.read_ahead_max_wait_ms, bundle,
                 self.options.bundle_max_wait_ms]
 
@@ -393,6 +399,20 @@ class SubtaskStateBackend:
             return gain, outputs, None
         finally:
             self.bundle = None
+
+    def bundle_processing_timer(self, timestamp: int, delete: bool) -> bool:
+        """Before the record of the bundle being processed deletes (`delete`) or registers
+        its key's processing-time timer at `timestamp`: True when that timer is the one
+        whose firing runs this bundle (Flink took it out of its queue already), which the
+        bridge then cancels or restores itself; the caller leaves Flink's timer service
+        alone. False outside a bundle or for any other timer (the record is made Java's
+        current record either way)."""
+        record = self.bundle
+        if record is None:
+            return False
+        record.selected = record.index
+        return bool(self._bundle_cursor.processingTimer(record.index, int(timestamp),
+                                                        bool(delete)))
 
     def select_bundle_record(self) -> None:
         """Make the record of the bundle being processed Java's current record (key
@@ -456,12 +476,18 @@ class SubtaskStateBackend:
         :raises ConfigurationError: a window operation whose records or timers cannot be
             hooked (an apache-flink version whose operations have another shape).
         """
-        from pyflink_ndb._pyflink import hook_record_keys, hook_timer_keys, record_key_reader
+        from pyflink_ndb._pyflink import (
+            answer_chained_timestamps,
+            hook_record_keys,
+            hook_timer_keys,
+            record_key_reader,
+        )
 
         self._operation = operation
         self.keys_from_records = hook_record_keys(
             operation, self.set_current_key, second_input_keyed=self.second_input_keyed)
         self._record_key = record_key_reader(operation) if self.keys_from_records else None
+        self._chain_answers = answer_chained_timestamps(operation, self)
         if self.timer_keys_from_context and not (
                 self.keys_from_records and hook_timer_keys(operation, self.set_current_key)):
             raise ConfigurationError(

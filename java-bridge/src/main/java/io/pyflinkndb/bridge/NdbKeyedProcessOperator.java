@@ -17,7 +17,9 @@ import org.apache.flink.runtime.state.VoidNamespace;
 import org.apache.flink.streaming.api.operators.InternalTimer;
 import org.apache.flink.streaming.api.utils.PythonTypeUtils;
 import org.apache.flink.streaming.api.watermark.Watermark;
+import org.apache.flink.streaming.runtime.streamrecord.RecordAttributes;
 import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
+import org.apache.flink.streaming.runtime.watermarkstatus.WatermarkStatus;
 
 import pemja.core.object.PyIterator;
 
@@ -27,8 +29,10 @@ import java.util.List;
  * PyFlink's thread-mode keyed process operator, with the operator life cycle forwarded to the
  * pyflink-ndb Python state backend (see {@link StateBackendHooks} and java-bridge/README.md).
  *
- * <p>While its reads miss (after a restore) it holds records back in bundles ({@link ReadAhead})
- * and lets Python read their keys' entries in one query before processing them in arrival order.
+ * <p>It holds records back in bundles ({@link ReadAhead}): with {@code bundle.records} (on by
+ * default) every record, and each bundle is processed in one call into the interpreter ({@link
+ * #processInOneCall}); else only while its reads miss (after a restore). While reads miss, Python
+ * reads the bundle's keys' entries in one query before processing them in arrival order.
  * A bundle is processed before anything that must follow its records: a watermark (and so every
  * event-time timer), a processing-time timer, a checkpoint barrier ({@link
  * #prepareSnapshotPreBarrier}, aligned or not), the end of input and {@link #finish()}; else when
@@ -58,6 +62,12 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
 
     /** The records of the bundle being processed in one call; null between bundles. */
     private transient List<StreamRecord<IN>> bundleRecords;
+
+    /** The processing-time timer whose firing runs the held-back bundle first; else null. */
+    private transient InternalTimer<K, VoidNamespace> firingTimer;
+
+    /** Whether a record of that bundle deleted {@link #firingTimer} (it then does not fire). */
+    private transient boolean firingTimerDeleted;
 
     /** Copies a held-back value when Flink may reuse the object; null without object reuse. */
     private transient TypeSerializer<IN> reusedValueCopier;
@@ -108,7 +118,8 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
             readAhead = hooks().readAhead(!hasSideOutput);
         }
         if (readAhead != null && readAhead.processesBundles) {
-            hooks().enableBundles(new BundleCursor(this::selectBundleRecord));
+            hooks().enableBundles(
+                    new BundleCursor(this::selectBundleRecord, this::bundleTouchesProcessingTimer));
         }
         if (readAhead != null) {
             readAheadConverter =
@@ -159,9 +170,11 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
             processBundle();
         } catch (Exception e) {
             throw new Exception(
-                    "pyflink-ndb: processing a bundle of records held back for read-ahead "
-                            + "failed (the bundle ran when its first record had waited "
-                            + "state.backend.ndb.read-ahead.max-wait-ms): "
+                    "pyflink-ndb: processing a bundle of held-back records failed (the "
+                            + "bundle ran when its first record had waited "
+                            + (readAhead != null && readAhead.processesBundles
+                                    ? "state.backend.ndb.bundle.max-wait-ms): "
+                                    : "state.backend.ndb.read-ahead.max-wait-ms): ")
                             + e.getMessage(),
                     e);
         }
@@ -252,6 +265,9 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
         } finally {
             bundleRecords = null;
         }
+        // As after one call per record: the operator's timestamp is the last record's (what
+        // PyFlink's context of an operation chained after this one reads later, at a timer).
+        timestamp = records.get(size - 1).getTimestamp();
     }
 
     /**
@@ -291,10 +307,60 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
         super.onEventTime(timer);
     }
 
+    /**
+     * Flink's timer service takes a firing processing-time timer out of its queue before it calls
+     * this, so a held-back record that deletes it (or registers it again) while the bundle runs
+     * here would not reach it: such a record arrived before the timer fired and, one record per
+     * call, would have deleted it in time. The bridge's timer service reports those calls ({@link
+     * #bundleTouchesProcessingTimer}): a deleted firing timer is skipped, and registering it again
+     * keeps it firing once.
+     */
     @Override
     public void onProcessingTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
-        processBundleBefore(timer);
+        if (readAhead != null && !readAhead.isEmpty()) {
+            firingTimer = timer;
+            firingTimerDeleted = false;
+            try {
+                processBundle();
+            } finally {
+                firingTimer = null;
+            }
+            setCurrentKey(timer.getKey());
+            if (firingTimerDeleted) {
+                return;
+            }
+        }
         super.onProcessingTime(timer);
+    }
+
+    /**
+     * Record {@code index} of the bundle deletes ({@code delete} true) or registers its key's
+     * processing-time timer at {@code time}. Returns true when that is the timer firing now: a
+     * delete cancels its firing, a registration restores it, and the caller then leaves Flink's
+     * timer service alone (registering it there would make it fire twice).
+     */
+    private boolean bundleTouchesProcessingTimer(int index, long time, boolean delete) {
+        selectBundleRecord(index);
+        InternalTimer<K, VoidNamespace> firing = firingTimer;
+        if (firing == null
+                || firing.getTimestamp() != time
+                || !firing.getKey().equals(getCurrentKey())) {
+            return false;
+        }
+        firingTimerDeleted = delete;
+        return true;
+    }
+
+    @Override
+    public void processWatermarkStatus(WatermarkStatus watermarkStatus) throws Exception {
+        processBundle(); // held-back records leave before an IDLE status
+        super.processWatermarkStatus(watermarkStatus);
+    }
+
+    @Override
+    public void processRecordAttributes(RecordAttributes recordAttributes) throws Exception {
+        processBundle();
+        super.processRecordAttributes(recordAttributes);
     }
 
     /** Runs a held-back bundle before {@code timer}, then makes the timer's key current again. */
@@ -316,7 +382,7 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
         try {
             processBundle();
         } catch (Exception e) {
-            throw new RuntimeException("pyflink-ndb: processing the read-ahead bundle failed", e);
+            throw new RuntimeException("pyflink-ndb: processing the held-back bundle failed", e);
         }
         super.endInput();
     }
