@@ -210,8 +210,9 @@ class SubtaskStateBackend:
             #: Flink metrics (pyflink_ndb.runtime.metrics), set when the user function opens.
             self.metrics: Any = None
             #: Set by a keyed process function's wrapper that gives each record of a bundle
-            #: its own context (`pyflink_ndb.api.context.BundleRecordContext`): only then
-            #: does :meth:`read_ahead_settings` offer bundles (`bundle.records`).
+            #: its own context (`TieredKeyedProcessFunction`, through
+            #: `pyflink_ndb._pyflink.answer_from_bundle`): only then does
+            #: :meth:`read_ahead_settings` offer bundles (`bundle.records`).
             self.bundle_contexts = False
             #: The record of the bundle being processed: its key group and timestamp, its
             #: index, and the index Java's key context was last set to (:meth:`process_bundle`).
