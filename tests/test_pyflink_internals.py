@@ -263,6 +263,11 @@ class _BundleBackend:
     def select_bundle_record(self):
         self.calls.append(("select", self.bundle.index))
 
+    def bundle_processing_timer(self, timestamp, delete):
+        """As the bridge answers: timestamp 99 is the timer firing now."""
+        self.calls.append(("processing", self.bundle.index, timestamp, delete))
+        return timestamp == 99
+
 
 def test_a_record_context_answers_for_the_record_of_a_bundle():
     from pyflink_ndb.runtime.backend import RecordInBundle
@@ -277,7 +282,16 @@ def test_a_record_context_answers_for_the_record_of_a_bundle():
     record.index, record.timestamp = 3, 1234
     assert context.timestamp() == 1234
     timers.register_event_time_timer(10)
+    timers.delete_event_time_timer(12)
     timers.delete_processing_time_timer(11)
+    timers.register_processing_time_timer(13)
     assert (timers.current_processing_time(), timers.current_watermark()) == (5, 7)
-    assert calls == [("select", 3), ("register", 10), ("select", 3), ("delete", 11)]
+    assert calls == [("select", 3), ("register", 10), ("select", 3), ("delete", 12),
+                     ("processing", 3, 11, True), ("delete", 11),
+                     ("processing", 3, 13, False), ("register", 13)]
+    # The timer whose firing runs the bundle: the bridge cancels or restores it itself.
+    del calls[:]
+    timers.delete_processing_time_timer(99)
+    timers.register_processing_time_timer(99)
+    assert calls == [("processing", 3, 99, True), ("processing", 3, 99, False)]
     assert _pyflink.answer_from_bundle(object(), backend) is False  # takes no attributes
