@@ -101,7 +101,7 @@ def test_a_tiered_state_error_is_logged_once_with_its_fix_and_reraised(caplog):
             raise ValueTooLargeError("State 'v', key \"k\": ... raise the limit.")
 
     fn = TieredKeyedProcessFunction(Failing())
-    fn._backend = type("B", (), {"keys_from_records": True})()
+    fn._backend = type("B", (), {"keys_from_records": True, "bundle_contexts": False})()
     for _ in range(3):
         out = []
         with pytest.raises(ValueTooLargeError):
