@@ -80,6 +80,15 @@ def test_a_record_with_more_outputs_than_one_call_ends_the_call(subtask):
     assert (outputs, rest) == ([["y"]], None)
 
 
+def test_a_subtask_that_processes_bundles_says_so_in_the_log(subtask, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="pyflink_ndb.runtime.backend"):
+        subtask.backend.enable_bundles(object())
+    assert any("records in bundles of up to 100, each held back at most 5 ms" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_bundles_are_offered_only_with_record_contexts_and_keys_from_records(subtask):
     backend = subtask.backend
     backend.options = NdbStateOptions(bundle_records=64, bundle_max_wait_ms=3)

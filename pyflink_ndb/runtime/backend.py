@@ -352,8 +352,13 @@ class SubtaskStateBackend:
     def enable_bundles(self, cursor: Any) -> None:
         """Called by the bridge when it processes records in bundles: `cursor.select(i)`
         makes record `i` of the bundle being processed Java's current record (its key
-        context and timestamp), which timers need (:meth:`select_bundle_record`)."""
+        context and timestamp), which timers need (:meth:`select_bundle_record`). Logs
+        once per subtask attempt that its records come in bundles."""
         self._bundle_cursor = cursor
+        log.info("pyflink-ndb %s/%d: records in bundles of up to %d, each held back at most "
+                 "%d ms (state.backend.ndb.bundle.records, bundle.max-wait-ms)",
+                 self.info.operator, self.info.subtask_index, self.options.bundle_records,
+                 self.options.bundle_max_wait_ms)
 
     def process_bundle(self, records: Any, key_groups: Any, timestamps: Any, start: int,
                        read_ahead: bool) -> tuple[int, list[Any] | None, Any]:
