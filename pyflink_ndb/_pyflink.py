@@ -215,13 +215,8 @@ def answer_from_bundle(context: Any, backend: Any) -> bool:
     if not callable(java_timestamp) or not callable(java_timer_service):
         return False
     service = BundleTimerService(backend, java_timer_service())
-
-    def timestamp() -> Any:
-        record = backend.bundle
-        return java_timestamp() if record is None else record.timestamp
-
     try:
-        context.timestamp = timestamp
+        context.timestamp = _bundle_timestamp(backend, java_timestamp)
         context.timer_service = lambda: service
     except AttributeError:
         return False
@@ -287,17 +282,19 @@ def answer_chained_timestamps(operation: Any, backend: Any) -> bool:
         if not contexts:
             return False
         for context in contexts:
-            java_timestamp = context.timestamp
-
-            def timestamp(_java: Any = java_timestamp) -> Any:
-                record = backend.bundle
-                return _java() if record is None else record.timestamp
-
             try:
-                context.timestamp = timestamp
+                context.timestamp = _bundle_timestamp(backend, context.timestamp)
             except AttributeError:
                 return False
     return True
+
+
+def _bundle_timestamp(backend: Any, java_timestamp: Any) -> Any:
+    """A context's `timestamp()`: the record's in a bundle, else `java_timestamp()`."""
+    def timestamp() -> Any:
+        record = backend.bundle
+        return java_timestamp() if record is None else record.timestamp
+    return timestamp
 
 
 #: Key types whose objects cannot change: returned as they are by :func:`key_answer`.

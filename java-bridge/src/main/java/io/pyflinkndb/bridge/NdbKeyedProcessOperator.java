@@ -317,20 +317,16 @@ public class NdbKeyedProcessOperator<K, IN, OUT>
      */
     @Override
     public void onProcessingTime(InternalTimer<K, VoidNamespace> timer) throws Exception {
-        if (readAhead != null && !readAhead.isEmpty()) {
-            firingTimer = timer;
-            firingTimerDeleted = false;
-            try {
-                processBundle();
-            } finally {
-                firingTimer = null;
-            }
-            setCurrentKey(timer.getKey());
-            if (firingTimerDeleted) {
-                return;
-            }
+        firingTimer = timer;
+        firingTimerDeleted = false;
+        try {
+            processBundleBefore(timer);
+        } finally {
+            firingTimer = null;
         }
-        super.onProcessingTime(timer);
+        if (!firingTimerDeleted) {
+            super.onProcessingTime(timer);
+        }
     }
 
     /**
