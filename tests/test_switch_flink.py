@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -143,6 +144,27 @@ class FailOnceAfterCheckpoint(MapFunction):
                     f"failed after {self.count} records and "
                     f"{self.backend.protocol.completed} checkpoints\n")
                 raise RuntimeError("injected failure after a completed checkpoint")
+        return value
+
+
+class SlowUntilFailed(MapFunction):
+    """Stateless, chained to the source: on attempt 0, slows the source down (1 ms a record)
+    until `FailOnceAfterCheckpoint` has failed. Without it a fast run can read the whole
+    input before a checkpoint completes, and the failure never happens (CI run of stop 38).
+    Slowing the source, not the keyed task, keeps no backlog in front of the barriers."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.armed = runtime_context.get_attempt_number() == 0
+
+    def map(self, value: Any) -> Any:
+        if self.armed:
+            if Path(self.marker).exists():
+                self.armed = False
+            else:
+                time.sleep(0.001)
         return value
 
 
@@ -304,6 +326,12 @@ def flight_source(env: StreamExecutionEnvironment, flights: list[Any],
             .with_timestamp_assigner(DepartureTime()))
 
 
+def failing_source(env: StreamExecutionEnvironment, flights: list[Any],
+                   marker: str | None) -> Any:
+    """:func:`flight_source`, slowed until the injected failure when `marker` is set."""
+    return flight_source(env, flights, SlowUntilFailed(marker) if marker else None)
+
+
 def build_job(env: StreamExecutionEnvironment, flights: list[Any], marker: str | None) -> Any:
     """The user's job: ordinary PyFlink calls only (plus the failure injection).
 
@@ -312,7 +340,7 @@ def build_job(env: StreamExecutionEnvironment, flights: list[Any], marker: str |
     (a rebalance from 1 to 2 subtasks before a `key_by` would interleave two paths).
     """
     p = PARALLELISM
-    source = flight_source(env, flights)
+    source = failing_source(env, flights, marker)
     by_origin = source.key_by(lambda f: f[2], key_type=Types.STRING())
     by_carrier = source.key_by(lambda f: f[0], key_type=Types.STRING())
     by_tail = source.key_by(lambda f: f[1], key_type=Types.STRING())
@@ -462,7 +490,7 @@ def build_timing_job(env: StreamExecutionEnvironment, flights: list[Any],
     """Windows whose firings depend on timing (periodic watermarks, processing time);
     checked by invariants that hold whatever the timing."""
     p = PARALLELISM
-    source = flight_source(env, flights)
+    source = failing_source(env, flights, marker)
     by_tail = source.key_by(lambda f: f[1], key_type=Types.STRING())
     by_origin = source.key_by(lambda f: f[2], key_type=Types.STRING())
     late_windows = by_origin.window(TumblingEventTimeWindows.of(Time.hours(1))) \
