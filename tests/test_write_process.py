@@ -104,7 +104,7 @@ def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the
     process = sub.backend.protocol.render_process
     assert process is not None and process.written_epochs == 1
     slices = []
-    real = RenderProcess._store_call
+    real = RenderProcess._store_send
 
     def kill_at_the_third(self, request, *args, **kwargs):
         slices.append(request[0])
@@ -113,7 +113,7 @@ def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the
             self._child.wait()
         return real(self, request, *args, **kwargs)
 
-    monkeypatch.setattr(RenderProcess, "_store_call", kill_at_the_third)
+    monkeypatch.setattr(RenderProcess, "_store_send", kill_at_the_third)
     wstore = sub.backend.protocol.wstore
     paces: list[float] = []  # the writer's pace whenever it writes a slice itself
     real_write = type(wstore).write_versions
@@ -133,7 +133,7 @@ def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the
     assert paces and set(paces) == {WRITER_PACE}  # the writer paces what it writes
     assert process.written_epochs == 1
     assert sub.backend.protocol.epochs_failed == 0
-    monkeypatch.setattr(RenderProcess, "_store_call", real)
+    monkeypatch.setattr(RenderProcess, "_store_send", real)
     for key in keys[:10]:
         sub.key(key)
         value.update(("three", key))
@@ -146,6 +146,91 @@ def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the
         k: ("three" if i < 10 else "two", k) for i, k in enumerate(keys)}
 
 
+def _counted_rows(monkeypatch: pytest.MonkeyPatch, sub: LocalSubtask,
+                  fail_at: int | None = None) -> list[int]:
+    """Count the rows the writer takes from the epoch (one element a row), in the list
+    returned; `fail_at`: the row whose taking raises (a failure of the writer while it
+    reads the epoch)."""
+    table = sub.backend.protocol.table
+    taken: list[int] = []
+    real = type(table).rows_of
+
+    def rows_of(self, *args, **kwargs):
+        for row in real(self, *args, **kwargs):
+            if fail_at is not None and len(taken) == fail_at:
+                raise OSError("the local tier could not be read")
+            taken.append(1)
+            yield row
+
+    monkeypatch.setattr(type(table), "rows_of", rows_of)
+    return taken
+
+
+def test_the_writer_reads_the_next_slice_while_the_child_writes_this_one(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows are read out of tiers 1-2 slice by slice, and slice n+1 is read before the
+    writer waits for the child's reply to slice n (the two overlap; before, the whole
+    epoch was read first, then written)."""
+    import pyflink_ndb.stores.render_process as render_process
+
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 16)
+    options = _process_options(mysql_url, namespaces)
+    keys = [f"k{i}" for i in range(100)]
+    sub, value = _checkpointed(options, tmp_path / "s", keys)
+    taken = _counted_rows(monkeypatch, sub)
+    at_reply: list[int] = []
+    real = RenderProcess._store_finish
+
+    def finish(self, *args, **kwargs):
+        at_reply.append(len(taken))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RenderProcess, "_store_finish", finish)
+    for key in keys:
+        sub.key(key)
+        value.update("two")
+    sub.checkpoint(2)
+    assert at_reply == [32, 48, 64, 80, 96, 100, 100]  # one slice ahead; 7 slices
+    process = sub.backend.protocol.render_process
+    assert process is not None and process.fallbacks == 0 and process.written_epochs == 2
+    sub.close()
+    assert _restored_value(mysql_url, sub, tmp_path, 2, keys) == {k: "two" for k in keys}
+
+
+def test_a_failure_while_the_next_slice_is_read_stops_the_child_and_loses_nothing(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer fails while it reads slice 2 and the child still writes slice 1: the
+    checkpoint fails, the child (whose reply would be stale) is stopped, no epoch 2
+    becomes visible, and the next checkpoint writes every entry with a new child."""
+    import pyflink_ndb.stores.render_process as render_process
+
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 16)
+    options = _process_options(mysql_url, namespaces)
+    keys = [f"k{i}" for i in range(60)]
+    sub, value = _checkpointed(options, tmp_path / "s", keys)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process._child is not None
+    first_child = process._child
+    _counted_rows(monkeypatch, sub, fail_at=20)
+    for key in keys:
+        sub.key(key)
+        value.update("two")
+    with pytest.raises(CheckpointError, match="could not be written"):
+        sub.snapshot(2)
+    assert process._child is None and first_child.poll() is not None
+    assert not process._store_call_in_flight
+    assert process.fallbacks == 0  # the writer's failure, not the child's
+    monkeypatch.undo()
+    sub.checkpoint(3)
+    assert process.starts == 2 and process.written_epochs == 2
+    sub.close()
+    assert _restored_value(mysql_url, sub, tmp_path, 3, keys) == {k: "two" for k in keys}
+    with pytest.raises(CheckpointError):
+        _restored_value(mysql_url, sub, tmp_path, 2, keys)
+
+
 def test_a_write_fenced_in_the_child_fails_the_checkpoint_and_the_task(
         mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +239,7 @@ def test_a_write_fenced_in_the_child_fails_the_checkpoint_and_the_task(
     keys = [f"k{i}" for i in range(30)]
     zombie, value = _checkpointed(options, tmp_path / "z", keys)
     heir = None
-    real = RenderProcess._store_call
+    real = RenderProcess._store_send
 
     def claim_first(self, request, *args, **kwargs):  # a newer attempt claims first
         nonlocal heir
@@ -165,7 +250,7 @@ def test_a_write_fenced_in_the_child_fails_the_checkpoint_and_the_task(
                                 local_dir=str(tmp_path / "h"), attempt=1)
         return real(self, request, *args, **kwargs)
 
-    monkeypatch.setattr(RenderProcess, "_store_call", claim_first)
+    monkeypatch.setattr(RenderProcess, "_store_send", claim_first)
     for key in keys:
         zombie.key(key)
         value.update("zombie")

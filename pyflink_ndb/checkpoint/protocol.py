@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
@@ -126,6 +126,14 @@ def _after_first(between: Callable[[], None]) -> Callable[[], None]:
             return
         between()
     return pause
+
+
+def _kept(rows: Iterable[WriteRow], into: list[WriteRow]) -> Iterator[WriteRow]:
+    """`rows`, each also appended to `into` as it is taken: the write process takes an
+    epoch's rows as it writes them, and the ledger needs the ones it took."""
+    for row in rows:
+        into.append(row)
+        yield row
 
 
 def _no_pause() -> None:
@@ -468,16 +476,18 @@ class CheckpointProtocol:
         started = time.perf_counter()
         between = None if self.writer.inline else self.writer.check_cancelled
         process = self._render_process() if self.write_process else None
-        if process is not None:  # rendered and written by the write process
-            rows, slices = self.table.render(frozen, None, between), None
-        else:
+        rows: list[WriteRow] = []
+        if process is None:
             rows, slices = self._render(frozen, version, between)
+        else:  # rendered and written by the write process, read as it writes
+            slices = None
         try:
             if process is not None:
                 written = process.write(
-                    self.wstore, fence, version, rows, self._json_renderers, self._json_of,
-                    self.table.key_json, between, self.options.value_max_bytes,
-                    stall_s=self._process_stall_s)
+                    self.wstore, fence, version,
+                    _kept(self.table.rows_of(frozen, None, between), rows),
+                    self._json_renderers, self._json_of, self.table.key_json, between,
+                    self.options.value_max_bytes, stall_s=self._process_stall_s)
             else:
                 written = self.wstore.write_versions(
                     fence, version, rows, self.options.value_max_bytes, between,
@@ -488,7 +498,8 @@ class CheckpointProtocol:
         except BaseException as err:
             # Some rows may be committed without the ledger knowing them: the epoch's
             # entries are read from the store before garbage collection, and (to be
-            # safe) so is every new entry from now on.
+            # safe) so is every new entry from now on. (With the write process, `rows`
+            # holds the rows read so far: the others were never sent.)
             self.ledger.doubt((row[0], row[1], row[2]) for row in rows)
             self.ledger.forgot = True
             if isinstance(err, (ValueTooLargeError, CheckpointError, WriteCancelled)) or not \

@@ -50,7 +50,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -170,19 +170,20 @@ def render_here(version: int, rows: Sequence[WriteRow],
     return [render_row(version, row, json_of, key_json) for row in rows]
 
 
-def slice_bounds(rows: Sequence[WriteRow]) -> list[tuple[int, int]]:
-    """(start, end) of each slice of `rows`: at most :data:`SLICE_ROWS` rows, and ended by
-    the row whose key and value bytes reach :data:`SLICE_BYTES`."""
-    bounds: list[tuple[int, int]] = []
-    start = size = 0
-    for index, row in enumerate(rows):
+def slices_of(rows: Iterable[WriteRow]) -> Iterator[list[WriteRow]]:
+    """`rows` in slices, in order: at most :data:`SLICE_ROWS` rows, and ended by the row
+    whose key and value bytes reach :data:`SLICE_BYTES`. Takes rows from `rows` only as
+    far as the slice it yields (a generator of rows is read one slice ahead at most)."""
+    part: list[WriteRow] = []
+    size = 0
+    for row in rows:
+        part.append(row)
         size += len(row[2]) + len(row[4] or b"")
-        if index + 1 - start >= SLICE_ROWS or size >= SLICE_BYTES:
-            bounds.append((start, index + 1))
-            start, size = index + 1, 0
-    if start < len(rows):
-        bounds.append((start, len(rows)))
-    return bounds
+        if len(part) >= SLICE_ROWS or size >= SLICE_BYTES:
+            yield part
+            part, size = [], 0
+    if part:
+        yield part
 
 
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
@@ -413,7 +414,7 @@ class RenderProcess:
                key_json: Callable[[bytes], str | None],
                between: Callable[[], None] | None = None) -> Generator[Rendered, None, None]:
         """The rendered rows of `rows` (see :func:`render_rows`), one list per slice
-        (:func:`slice_bounds`), in order. The child renders the next slice while the
+        (:func:`slices_of`), in order. The child renders the next slice while the
         caller uses this one (the writer executes its statements), so the writer holds
         at most two slices' rendered text. Rows the child could not decode are rendered
         here with `json_of(state_id, value)` and `key_json(ukey)`; so is every slice
@@ -444,7 +445,7 @@ class RenderProcess:
         states = dict(renderers)
         failed = not self.usable
         try:
-            parts = [rows[start:end] for start, end in slice_bounds(rows)]
+            parts = list(slices_of(rows))
             if parts and not failed:
                 failed = not send(parts[0], start=True)
             for number, part in enumerate(parts):
@@ -470,58 +471,80 @@ class RenderProcess:
             if in_flight:  # cancelled, failed or closed early: the reply would be stale
                 self._stop()
 
-    def write(self, store: StateStore, fence: Fence, version: int, rows: Sequence[WriteRow],
+    def write(self, store: StateStore, fence: Fence, version: int, rows: Iterable[WriteRow],
               renderers: Mapping[int, JsonRenderer],
               json_of: Callable[[int, bytes], str | None],
               key_json: Callable[[bytes], str | None],
               between: Callable[[], None] | None = None,
               value_max_bytes: int | None = None, stall_s: float | None = None) -> int:
         """Write `rows` (without JSON, in (state, ukey) order) as `version` from the child
-        (`state.backend.ndb.write.process`): slice by slice (:func:`slice_bounds`), the
+        (`state.backend.ndb.write.process`): slice by slice (:func:`slices_of`), the
         child renders each slice as :func:`render_rows` does and writes it with
         :meth:`StateStore.write_versions` on a connection of its own to `store`'s
-        database, fenced by `fence`, in the same transactions; the next slice is sent
-        once the child reported the previous one committed. Returns the database rows
-        written, once every row is committed (the caller writes the snapshot row after,
-        on its own connection).
+        database, fenced by `fence`, in the same transactions. While the child writes a
+        slice, the next slice is taken from `rows` (a generator: the writer reads the
+        epoch's next rows out of tiers 1-2 meanwhile, docs/protocol.md, "Writing off the
+        GIL too") and sent once the child reported the previous one committed. Returns
+        the database rows written, once every row is committed (the caller writes the
+        snapshot row after, on its own connection).
 
-        Every row's size is checked here first (:meth:`StateStore.check_sizes`), before
-        anything is written. A child that fails (exits, stalls for `stall_s` seconds,
-        answers garbage, or fails the write for any reason but the three below) is
-        stopped and logged, and the writer renders and writes the slice it was writing
-        and the rest itself, on `store` (the rows are idempotent upserts of `version`: a
-        slice the child committed in part is written again whole); rows whose value only
-        the writer can unpickle are rendered here and sent to the child. A store that
-        cannot be pickled for the child is written here (:meth:`_pickled`).
+        Each slice's sizes are checked (:meth:`StateStore.check_sizes`) before it is
+        sent: an oversized row fails the write before anything of its slice is written
+        (earlier slices may be committed, as after any failed write: their version is
+        never restorable without the snapshot row). A child that fails (exits, stalls
+        for `stall_s` seconds, answers garbage, or fails the write for any reason but the
+        three below) is stopped and logged, and the writer renders and writes the slice
+        it was writing and the rest itself, on `store` (the rows are idempotent upserts
+        of `version`: a slice the child committed in part is written again whole); rows
+        whose value only the writer can unpickle are rendered here and sent to the
+        child. A store that cannot be pickled for the child is written here
+        (:meth:`_pickled`).
 
         :param stall_s: seconds a slice may take without a byte from the child (at least
             the store's retry deadline: the child retries as the store does; None:
             :data:`STALL_SECONDS`).
         :raises FencedError: the branch no longer owns its key groups.
         :raises StoreUnavailableError: the child's retries are spent.
-        :raises ValueTooLargeError: a key or value over its limit (nothing written).
+        :raises ValueTooLargeError: a key or value over its limit (nothing of its slice
+            written).
         """
-        store.check_sizes(rows, value_max_bytes, f"version {version}")
         store_bytes = self._pickled(store) if self.usable else None
         self.writing_here = store_bytes is None
         states = dict(renderers)
         written = 0
-        for number, part in enumerate(rows[start:end] for start, end in slice_bounds(rows)):
-            if not self.writing_here:
-                def literals(indexes: list[int], part: Sequence[WriteRow] = part
-                             ) -> dict[int, list[bytes]]:
-                    return {i: render_row(version, part[i], json_of, key_json)
-                            for i in indexes}
-                done = self._store_call(
-                    ("write", store_bytes, fence, version, list(map(tuple, part)), states),
-                    len(part), literals, store, between, stall_s, start=number == 0)
-                if done is not None:
-                    written += done
-                    continue
-                self.writing_here = True
-            written += store.write_versions(
-                fence, version, part, None, between,
-                rendered=render_here(version, part, json_of, key_json))
+        slices = slices_of(rows)
+        part = next(slices, None)
+        number = 0
+        try:
+            while part is not None:
+                store.check_sizes(part, value_max_bytes, f"version {version}")
+                if not self.writing_here:
+                    def literals(indexes: list[int], part: Sequence[WriteRow] = part
+                                 ) -> dict[int, list[bytes]]:
+                        return {i: render_row(version, part[i], json_of, key_json)
+                                for i in indexes}
+                    sent = self._store_send(
+                        ("write", store_bytes, fence, version, list(map(tuple, part)), states),
+                        between, start=number == 0)
+                    following = next(slices, None)  # read while the child writes `part`
+                    done = None if not sent else self._store_finish(
+                        len(part), literals, store, between, stall_s)
+                    if done is not None:
+                        written += done
+                        part, number = following, number + 1
+                        continue
+                    self.writing_here = True
+                else:
+                    following = next(slices, None)
+                written += store.write_versions(
+                    fence, version, part, None, between,
+                    rendered=render_here(version, part, json_of, key_json))
+                part, number = following, number + 1
+        except BaseException:
+            if self._store_call_in_flight:  # its reply would be stale
+                self._store_call_in_flight = False
+                self._stop()
+            raise
         if not self.writing_here:
             self.written_epochs += 1
         return written
@@ -554,19 +577,52 @@ class RenderProcess:
                     store: StateStore, between: Callable[[], None] | None, stall_s: float | None,
                     start: bool) -> int | None:
         """Send `request` (see :func:`_serve_store`) and return the rows the child wrote or
-        deleted; None when the child failed (it is stopped and logged: the caller does the
-        work itself). Answers the child's question for undecodable rows (of the `rows`
-        rows sent) with `literals(indexes)`. `start`: start a child unless one runs; else
-        the one that took the earlier slices must still run.
+        deleted: :meth:`_store_send`, then :meth:`_store_finish`; None when the child
+        failed (it is stopped and logged: the caller does the work itself).
+
+        :raises FencedError, StoreUnavailableError, ValueTooLargeError: as the child
+            reported them.
+        """
+        if not self._store_send(request, between, start):
+            return None
+        return self._store_finish(rows, literals, store, between, stall_s)
+
+    def _store_send(self, request: tuple[Any, ...], between: Callable[[], None] | None,
+                    start: bool) -> bool:
+        """Send `request` (see :func:`_serve_store`); its reply is read by
+        :meth:`_store_finish`, and until then the request is in flight (:meth:`interrupt`
+        ends its statement; a caller that gives up on it stops the child). `start`: start
+        a child unless one runs; else the one that took the earlier slices must still
+        run. Returns False when the child failed (it is stopped and logged: the caller
+        does the work itself)."""
+        try:
+            self._require_child(start)
+            self._store_call_in_flight = True
+            self._send_frame(request, between)
+        except _CHILD_ERRORS as err:
+            self._store_call_in_flight = False
+            self._failed(err, "done")
+            return False
+        except BaseException:
+            self._store_call_in_flight = False
+            self._stop()  # cancelled mid-request: its reply would be stale
+            raise
+        return True
+
+    def _store_finish(self, rows: int,
+                      literals: Callable[[list[int]], dict[int, list[bytes]]] | None,
+                      store: StateStore, between: Callable[[], None] | None,
+                      stall_s: float | None) -> int | None:
+        """The reply to the request in flight (:meth:`_store_send`): the rows the child
+        wrote or deleted; None when the child failed (it is stopped and logged: the
+        caller does the work itself). Answers the child's question for undecodable rows
+        (of the `rows` rows sent) with `literals(indexes)`.
 
         :raises FencedError, StoreUnavailableError, ValueTooLargeError: as the child
             reported them.
         """
         try:
             try:
-                self._require_child(start)
-                self._store_call_in_flight = True
-                self._send_frame(request, between)
                 answer = self._receive_frame(between, stall_s)
                 if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
                         and type(answer[1]) is int):

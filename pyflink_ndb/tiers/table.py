@@ -577,12 +577,19 @@ class TieredTable:
 
     def render(self, frozen: FrozenEpoch, json_of: Callable[[int, bytes], str | None] | None,
                between: Callable[[], None] | None = None) -> list[WriteRow]:
+        """The rows that write `frozen`, all at once: the list of :meth:`rows_of`."""
+        return list(self.rows_of(frozen, json_of, between))
+
+    def rows_of(self, frozen: FrozenEpoch, json_of: Callable[[int, bytes], str | None] | None,
+                between: Callable[[], None] | None = None) -> Iterator[WriteRow]:
         """The rows that write `frozen` (a tombstone where an entry has no value), in key
-        order. Reads only the frozen epoch and its RocksDB snapshot: safe on the background
-        writer's thread while the task thread goes on. `json_of(state_id, value)` renders
-        the JSON column (None: the rows carry no JSON of the value or the key, which the
-        render process adds); `between()` is called every :data:`RENDER_YIELD_ROWS` rows."""
-        rows = []
+        order, one at a time: the write process writes a slice of them while the writer
+        reads the next (:meth:`RenderProcess.write
+        <pyflink_ndb.stores.render_process.RenderProcess.write>`). Reads only the frozen
+        epoch and its RocksDB snapshot: safe on the background writer's thread while the
+        task thread goes on. `json_of(state_id, value)` renders the JSON column (None: the
+        rows carry no JSON of the value or the key, which the render process adds);
+        `between()` is called every :data:`RENDER_YIELD_ROWS` rows."""
         view = frozen.local_view
         for n, eid in enumerate(sorted(frozen.entries)):
             if between is not None and n % RENDER_YIELD_ROWS == RENDER_YIELD_ROWS - 1:
@@ -593,18 +600,17 @@ class TieredTable:
                     raise AssertionError(f"frozen entry {eid!r} is in no tier")
                 entry = Entry(*unpack(view[LocalTier.key_of(eid[0], eid[1])]))
             if entry.value is None:
-                rows.append(WriteRow(entry.key_group, eid[0], eid[1], True, None, None,
-                                     entry.expires_at_ms, None))
+                yield WriteRow(entry.key_group, eid[0], eid[1], True, None, None,
+                               entry.expires_at_ms, None)
                 continue
             ukey = eid[1]
             if json_of is None:
-                rows.append(WriteRow(entry.key_group, eid[0], ukey, False, entry.value, None,
-                                     entry.expires_at_ms, None))
+                yield WriteRow(entry.key_group, eid[0], ukey, False, entry.value, None,
+                               entry.expires_at_ms, None)
                 continue
-            rows.append(WriteRow(entry.key_group, eid[0], ukey, False, entry.value,
-                                 json_of(eid[0], entry.value), entry.expires_at_ms,
-                                 self.key_json(ukey)))
-        return rows
+            yield WriteRow(entry.key_group, eid[0], ukey, False, entry.value,
+                           json_of(eid[0], entry.value), entry.expires_at_ms,
+                           self.key_json(ukey))
 
     def release(self, frozen: FrozenEpoch) -> None:
         """`frozen` is durable in the store: it no longer answers reads."""
