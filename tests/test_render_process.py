@@ -33,14 +33,16 @@ from pyflink.datastream.state import (
 from pyflink_ndb.checkpoint.writer import WriteCancelled
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.serialization import encode_key, encode_value
-from pyflink_ndb.serialization.keys import encode_map_key, key_prefix_json
+from pyflink_ndb.serialization.keys import KeyJsonMemo, encode_map_key, key_prefix_json
 from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
 from pyflink_ndb.stores.base import CHUNK_BYTES, WriteRow, row_params
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.mysql import render_state_row
 from pyflink_ndb.stores.render_process import (
     MAX_STARTS,
+    RENDER_AHEAD_ROWS,
     RenderProcess,
+    _RenderAhead,
     render_rows,
     slices_of,
 )
@@ -157,6 +159,55 @@ def _count_sends(process: RenderProcess, monkeypatch: pytest.MonkeyPatch) -> lis
 def _numbered_rows(n: int) -> list[WriteRow]:
     return [WriteRow(i % 4, 1, encode_key(f"k{i:03}"), False, encode_value({"i": i}), None,
                      None, None) for i in range(n)]
+
+
+def test_the_write_processs_render_thread_renders_what_render_rows_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write process renders on a thread while it writes (`_RenderAhead`): the same
+    literals, in order, over several hand-overs; a row it cannot unpickle is asked for
+    at its index; the thread ends when the rows are taken."""
+    module = types.ModuleType("pfn_gone_before_rendering")
+
+    class Gone(list):
+        __module__ = module.__name__
+    Gone.__qualname__ = "Gone"
+    module.Gone = Gone  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    rows = _numbered_rows(2 * RENDER_AHEAD_ROWS + 17)
+    for i in (5, 130, 131):
+        rows[i] = rows[i]._replace(value=encode_value(Gone([i])))
+    monkeypatch.delitem(sys.modules, module.__name__)  # now it cannot be unpickled
+    expected, undecodable = render_rows(3, rows, {})
+    assert undecodable == [5, 130, 131]
+    asked: list[int] = []
+
+    def ask(index: int) -> list[bytes]:
+        asked.append(index)
+        return [b"asked"]
+
+    with _RenderAhead(3, rows, {}, KeyJsonMemo()) as ahead:
+        got = list(ahead.rendered(ask))
+    assert asked == undecodable
+    assert got == [[b"asked"] if i in undecodable else r for i, r in enumerate(expected)]
+    assert not ahead._thread.is_alive()
+
+
+def test_a_failure_of_the_render_thread_reaches_the_writes_and_leaving_stops_it() -> None:
+    rows = _numbered_rows(3 * RENDER_AHEAD_ROWS)
+
+    def failing(value: bytes) -> str:
+        raise RuntimeError("a renderer bug")
+
+    broken = [r._replace(state_id=2) if i == 150 else r for i, r in enumerate(rows)]
+    with _RenderAhead(3, broken, {2: failing}, KeyJsonMemo()) as ahead:
+        taken = []
+        with pytest.raises(RuntimeError, match="a renderer bug"):
+            for literals in ahead.rendered(lambda i: []):
+                taken.append(literals)
+    assert len(taken) == RENDER_AHEAD_ROWS  # the rows before the failing chunk
+    with _RenderAhead(3, rows, {}, KeyJsonMemo()) as ahead:
+        next(ahead.rendered(lambda i: []))
+    assert not ahead._thread.is_alive()  # left after one row: the thread stopped
 
 
 def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(
@@ -434,7 +485,8 @@ def test_a_killed_child_is_replaced_at_the_next_checkpoint(
 def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
         mysql_url: str, tmp_path: Path, namespaces: list[str],
         monkeypatch: pytest.MonkeyPatch, option: str) -> None:
-    """With `write.process` the child asks the writer for those rows' literals."""
+    """The child asks the writer for those rows' literals (with `write.process`, one
+    question per row as its writes reach it: here three in one slice)."""
     module = types.ModuleType("pfn_only_in_this_interpreter")
 
     class Tags(list):  # a list subclass: its JSON is an array
@@ -447,16 +499,16 @@ def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
     namespaces.append(ns)
     sub = _run(mysql_url, ns, tmp_path, **{option: True})
     value = sub.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
-    sub.key("k")
-    value.update(Tags(["a", 1]))
-    sub.key("plain")
-    value.update(["b"])
+    for i in range(6):
+        sub.key(f"k{i}")
+        value.update(Tags(["a", i]) if i % 2 == 0 else ["b", i])
     sub.checkpoint(1)
     process = sub.backend.protocol.render_process
     assert process is not None and process.fallbacks == 0
     assert _epochs_done(process, option) == 1
     sub.close()
-    assert sorted(r[8] for r in _rows(mysql_url, ns)) == ['["a",1]', '["b"]']
+    assert sorted(r[8] for r in _rows(mysql_url, ns)) == sorted(
+        f'["a",{i}]' if i % 2 == 0 else f'["b",{i}]' for i in range(6))
 
 
 # -- breaker findings at the subtask level ------------------------------------------------

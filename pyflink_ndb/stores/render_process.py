@@ -44,11 +44,13 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import select
 import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -88,6 +90,13 @@ SLICE_ROWS = 2_000
 #: a single larger value is a slice of its own): large values do not make a slice of
 #: SLICE_ROWS rows hold gigabytes in the child and the writer.
 SLICE_BYTES = 4 * 1024 * 1024
+#: Rows the write process's render thread renders per hand-over to its main thread, which
+#: writes them (:class:`_RenderAhead`).
+RENDER_AHEAD_ROWS = 100
+#: The write process's thread switch interval, seconds (Python's default is 0.005): its main
+#: thread, back from the database, waits at most this long for the interpreter lock while
+#: the render thread renders (several times per transaction: send, fence check, commit).
+CHILD_SWITCH_INTERVAL_S = 0.0005
 _HEADER = struct.Struct(">Q")
 #: Started as `python -c BOOTSTRAP <package folder> <int digit limit>`: a stub of the
 #: top-level package keeps `pyflink_ndb/__init__.py` (which imports PyFlink) from running
@@ -191,6 +200,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     closes. A request is `("render", version, rows, renderers)` (reply: `(rendered,
     undecodable)`, see :func:`render_rows`), `("write", store, fence, version, rows,
     renderers)` or `("delete", store, fence, deletions)` (see :func:`_serve_store`)."""
+    sys.setswitchinterval(CHILD_SWITCH_INTERVAL_S)
     logs = _LogLines()
     root = logging.getLogger()
     root.handlers[:] = [logs]  # the store's retries go back to the writer with the reply
@@ -256,9 +266,10 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
     writer's store, pickled without its connection (the child connects once per distinct
     store and keeps the connection).
 
-    A write renders its rows as :func:`render_rows` does and writes them with
-    :meth:`StateStore.write_versions`; rows whose value the child cannot unpickle are asked
-    for first: the reply `("undecodable", indexes)` is answered by a request
+    A write renders its rows as :func:`render_rows` does, on a thread of its own
+    (:class:`_RenderAhead`), and writes them with :meth:`StateStore.write_versions` as
+    they are rendered; a row whose value the child cannot unpickle is asked for when the
+    writes reach it: the reply `("undecodable", [index])` is answered by a request
     `("literals", {index: rendered})`, rendered by the writer. A delete runs
     :meth:`StateStore.delete_exact`. Before the work, a reply `("connection",
     server_thread)` names the child's connection on the server whenever it is new (the
@@ -300,15 +311,18 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
             return ("done", done, store.retries - before)
         version, rows, renderers = args
         rows = [WriteRow(*r) for r in rows]
-        rendered, undecodable = render_rows(version, rows, renderers, key_json)
-        if undecodable:
-            reply(("undecodable", undecodable))
+
+        def ask(index: int) -> list[bytes]:
+            """The writer's rendering of row `index`, which the child cannot unpickle."""
+            reply(("undecodable", [index]))
             answer = read()
-            if answer is None or answer[0] != "literals":
+            if answer is None or answer[0] != "literals" or index not in answer[1]:
                 raise RenderProcessError("the writer did not send the undecodable rows")
-            for index, literals in answer[1].items():
-                rendered[index] = literals
-        done = store.write_versions(fence, version, rows, None, None, rendered=rendered)
+            return answer[1][index]
+
+        with _RenderAhead(version, rows, renderers, key_json) as ahead:
+            done = store.write_versions(fence, version, rows, None, None,
+                                        rendered=ahead.rendered(ask))
         return ("done", done, store.retries - before)
     except FencedError as err:
         return ("error", "fenced", str(err))
@@ -318,6 +332,67 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
         return ("error", "too-large", str(err))
     except Exception as err:  # the writer stops this child and does the work itself
         return ("error", "failed", f"{type(err).__name__}: {err}")
+
+
+class _RenderAhead:
+    """The write process's rendering of one slice, by a thread of its own while the main
+    thread writes the rows rendered before: the database's work on one transaction overlaps
+    the rendering of the next (unpickling values for their JSON, the SQL literals), which
+    before came first, whole, for the slice. The thread renders :data:`RENDER_AHEAD_ROWS`
+    rows per hand-over and never waits for the writes (it holds at most the slice's text,
+    as the child did before). Its failures reach the main thread where it takes the rows
+    it failed on. Use as a context manager: leaving stops the thread."""
+
+    def __init__(self, version: int, rows: Sequence[WriteRow],
+                 renderers: Mapping[int, JsonRenderer], key_json: KeyJsonMemo) -> None:
+        self._rows = rows
+        self._queue: queue.SimpleQueue[list[list[bytes] | None] | BaseException] = \
+            queue.SimpleQueue()
+        self._stopped = threading.Event()
+
+        def json_of(state_id: int, value: bytes) -> str | None:
+            return renderers.get(state_id, PLAIN_JSON)(value)
+
+        self._thread = threading.Thread(target=self._render, name="pyflink-ndb-render-ahead",
+                                        args=(version, json_of, key_json), daemon=True)
+
+    def __enter__(self) -> _RenderAhead:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _render(self, version: int, json_of: Callable[[int, bytes], str | None],
+                key_json: KeyJsonMemo) -> None:
+        try:
+            for start in range(0, len(self._rows), RENDER_AHEAD_ROWS):
+                if self._stopped.is_set():
+                    return
+                chunk: list[list[bytes] | None] = []
+                for row in self._rows[start:start + RENDER_AHEAD_ROWS]:
+                    try:
+                        chunk.append(render_row(version, row, json_of, key_json))
+                    except SerializationError:
+                        chunk.append(None)  # the writer renders it (see `rendered`)
+                self._queue.put(chunk)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            self._queue.put(err)
+
+    def rendered(self, ask: Callable[[int], list[bytes]]) -> Iterator[list[bytes]]:
+        """Per row of the slice, in order, its rendered database rows, as the thread
+        renders them; a row the child cannot unpickle is `ask(index)`ed of the writer.
+
+        :raises BaseException: what the thread raised rendering the next row."""
+        index = 0
+        while index < len(self._rows):
+            chunk = self._queue.get()
+            if isinstance(chunk, BaseException):
+                raise chunk
+            for literals in chunk:
+                yield ask(index) if literals is None else literals
+                index += 1
 
 
 def _connection_limit(err: StoreUnavailableError) -> bool:
@@ -615,8 +690,8 @@ class RenderProcess:
                       stall_s: float | None) -> int | None:
         """The reply to the request in flight (:meth:`_store_send`): the rows the child
         wrote or deleted; None when the child failed (it is stopped and logged: the
-        caller does the work itself). Answers the child's question for undecodable rows
-        (of the `rows` rows sent) with `literals(indexes)`.
+        caller does the work itself). Answers each of the child's questions for
+        undecodable rows (of the `rows` rows sent) with `literals(indexes)`.
 
         :raises FencedError, StoreUnavailableError, ValueTooLargeError: as the child
             reported them.
@@ -628,7 +703,7 @@ class RenderProcess:
                         and type(answer[1]) is int):
                     self.server_thread = answer[1]
                     answer = self._receive_frame(between, stall_s)
-                if (type(answer) is tuple and len(answer) == 2
+                while (type(answer) is tuple and len(answer) == 2
                         and answer[0] == "undecodable" and literals is not None):
                     indexes = answer[1]
                     if not (type(indexes) is list
