@@ -4,6 +4,7 @@ checkpoint, a value only the parent can unpickle keeps its JSON."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import signal
@@ -159,6 +160,22 @@ def _count_sends(process: RenderProcess, monkeypatch: pytest.MonkeyPatch) -> lis
 def _numbered_rows(n: int) -> list[WriteRow]:
     return [WriteRow(i % 4, 1, encode_key(f"k{i:03}"), False, encode_value({"i": i}), None,
                      None, None) for i in range(n)]
+
+
+def test_the_pipes_to_the_child_are_widened() -> None:
+    """Each wait of the writer for a pipe gives up the GIL, which under the task threads'
+    load costs up to a switch interval to take back: a slice's 2 MB request went in some
+    32 writes through the default 64 KiB pipe. The pipes are 1 MiB or more (Linux)."""
+    if not hasattr(fcntl, "F_GETPIPE_SZ"):
+        pytest.fail("F_GETPIPE_SZ is missing: this suite runs on Linux")
+    process = RenderProcess("test")
+    try:
+        child = process._start()
+        assert child.stdin is not None and child.stdout is not None
+        for stream in (child.stdin, child.stdout):
+            assert fcntl.fcntl(stream.fileno(), fcntl.F_GETPIPE_SZ) >= 1 << 20
+    finally:
+        process.close()
 
 
 def test_the_write_processs_render_thread_renders_what_render_rows_does(

@@ -41,6 +41,7 @@ a fraction of a second and holds about 20 MB.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import pickle
@@ -97,6 +98,8 @@ RENDER_AHEAD_ROWS = 100
 #: thread, back from the database, waits at most this long for the interpreter lock while
 #: the render thread renders (several times per transaction: send, fence check, commit).
 CHILD_SWITCH_INTERVAL_S = 0.0005
+#: Bytes of the pipes to and from the child (:func:`_widen_pipes`), where allowed.
+PIPE_BYTES = 4 << 20
 _HEADER = struct.Struct(">Q")
 #: Started as `python -c BOOTSTRAP <package folder> <int digit limit>`: a stub of the
 #: top-level package keeps `pyflink_ndb/__init__.py` (which imports PyFlink) from running
@@ -118,6 +121,27 @@ BOOTSTRAP = (
 #: Per entry, its database rows rendered as SQL literals (ASCII bytes: hex literals, digits,
 #: NULL), which go into the statements unchanged (pymysql sends bytes queries as they are).
 Rendered = list[list[bytes]]
+
+
+def _widen_pipes(child: subprocess.Popen[bytes]) -> None:
+    """Make the pipes to and from `child` :data:`PIPE_BYTES` large where the system allows
+    (Linux `F_SETPIPE_SZ`; up to /proc/sys/fs/pipe-max-size, 1 MiB by default, for an
+    unprivileged process). Each wait of the writer for a pipe (the `select` before each
+    write or read) gives up the interpreter lock, and under the task threads' load taking
+    it back costs up to a switch interval (5 ms): with the 64 KiB default a slice's 2 MB
+    request took some 32 writes."""
+    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setter is None:
+        return
+    for stream in (child.stdin, child.stdout):
+        if stream is None:
+            continue
+        for size in (PIPE_BYTES, 1 << 20):
+            try:
+                fcntl.fcntl(stream.fileno(), setter, size)
+                break
+            except OSError:  # over pipe-max-size (EPERM) or a pipe already closed
+                continue
 
 
 class RenderProcessError(Exception):
@@ -838,6 +862,7 @@ class RenderProcess:
             pass
         assert self._child.stdin is not None
         os.set_blocking(self._child.stdin.fileno(), False)  # see _write
+        _widen_pipes(self._child)
         log.info("pyflink-ndb %s: %s process started (pid %d, %s)", self.name, self.kind,
                  self._child.pid, python)
         return self._child
