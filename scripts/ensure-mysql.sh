@@ -2,6 +2,9 @@
 # Make sure a MySQL-protocol server answers at the URL given (default 127.0.0.1:3306).
 # 1. it answers: done;  2. we are root: install/start MariaDB from Debian's packages on
 # loopback;  3. otherwise: say what is missing and fail.
+# PYFLINK_NDB_MARIADB_OPTS: more options for the instance it starts (not for a server that
+# already answers), e.g. "--innodb-buffer-pool-size=3G" for the benchmark's model of a
+# store that holds its data in memory (README, "User-profile job (part 7)").
 set -euo pipefail
 url="${1:-mysql://root@127.0.0.1:3306/test}"
 hostport="${url#*@}"; hostport="${hostport%%/*}"
@@ -36,7 +39,7 @@ else
   fi
   nohup /usr/sbin/mariadbd --no-defaults --datadir="$dir/data" --socket="$dir/mysqld.sock" \
     --pid-file="$dir/mysqld.pid" --port="$port" --bind-address=127.0.0.1 --user=root \
-    >"$dir/mariadbd.log" 2>&1 &
+    ${PYFLINK_NDB_MARIADB_OPTS:-} >"$dir/mariadbd.log" 2>&1 &
   for _ in $(seq 1 60); do answers && break; sleep 1; done
   answers || { echo "error: MariaDB did not start on $host:$port, see $dir/mariadbd.log" >&2; exit 1; }
   mariadb --no-defaults --socket="$dir/mysqld.sock" -uroot \
