@@ -168,14 +168,18 @@ def test_the_pipes_to_the_child_are_widened() -> None:
     32 writes through the default 64 KiB pipe. The pipes are 1 MiB or more (Linux)."""
     if not hasattr(fcntl, "F_GETPIPE_SZ"):
         pytest.fail("F_GETPIPE_SZ is missing: this suite runs on Linux")
-    process = RenderProcess("test")
-    try:
-        child = process._start()
-        assert child.stdin is not None and child.stdout is not None
-        for stream in (child.stdin, child.stdout):
-            assert fcntl.fcntl(stream.fileno(), fcntl.F_GETPIPE_SZ) >= 1 << 20
-    finally:
-        process.close()
+    for kind in ("render", "write"):
+        process = RenderProcess("test", kind=kind)
+        try:
+            child = process._start()
+            assert child.stdin is not None and child.stdout is not None
+            assert fcntl.fcntl(child.stdin.fileno(), fcntl.F_GETPIPE_SZ) >= 1 << 20
+            replies = fcntl.fcntl(child.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+            # The write process's replies are a few numbers: its pipe keeps the default
+            # (a widened pipe counts against the user's pipe budget).
+            assert replies >= 1 << 20 if kind == "render" else replies < 1 << 20
+        finally:
+            process.close()
 
 
 def test_the_write_processs_render_thread_renders_what_render_rows_does(
@@ -196,15 +200,16 @@ def test_the_write_processs_render_thread_renders_what_render_rows_does(
     monkeypatch.delitem(sys.modules, module.__name__)  # now it cannot be unpickled
     expected, undecodable = render_rows(3, rows, {})
     assert undecodable == [5, 130, 131]
-    asked: list[int] = []
+    asked: list[list[int]] = []
 
-    def ask(index: int) -> list[bytes]:
-        asked.append(index)
-        return [b"asked"]
+    def ask(indexes: list[int]) -> dict[int, list[bytes]]:
+        asked.append(indexes)
+        return {i: [b"asked"] for i in indexes}
 
     with _RenderAhead(3, rows, {}, KeyJsonMemo()) as ahead:
+        time.sleep(0.2)  # every chunk rendered before the writes reach row 5
         got = list(ahead.rendered(ask))
-    assert asked == undecodable
+    assert asked == [undecodable]  # one question for the rows rendered by then
     assert got == [[b"asked"] if i in undecodable else r for i, r in enumerate(expected)]
     assert not ahead._thread.is_alive()
 
@@ -219,11 +224,11 @@ def test_a_failure_of_the_render_thread_reaches_the_writes_and_leaving_stops_it(
     with _RenderAhead(3, broken, {2: failing}, KeyJsonMemo()) as ahead:
         taken = []
         with pytest.raises(RuntimeError, match="a renderer bug"):
-            for literals in ahead.rendered(lambda i: []):
+            for literals in ahead.rendered(lambda indexes: {}):
                 taken.append(literals)
     assert len(taken) == RENDER_AHEAD_ROWS  # the rows before the failing chunk
     with _RenderAhead(3, rows, {}, KeyJsonMemo()) as ahead:
-        next(ahead.rendered(lambda i: []))
+        next(ahead.rendered(lambda indexes: {}))
     assert not ahead._thread.is_alive()  # left after one row: the thread stopped
 
 
@@ -519,9 +524,20 @@ def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
     for i in range(6):
         sub.key(f"k{i}")
         value.update(Tags(["a", i]) if i % 2 == 0 else ["b", i])
+    questions: list[object] = []
+    real_send = RenderProcess._send_frame
+
+    def send_frame(self, message, between):
+        if message[0] == "literals":
+            questions.append(sorted(message[1]))
+        return real_send(self, message, between)
+
+    monkeypatch.setattr(RenderProcess, "_send_frame", send_frame)
     sub.checkpoint(1)
     process = sub.backend.protocol.render_process
     assert process is not None and process.fallbacks == 0
+    if option == "write_process":  # the three rows of one chunk: one question
+        assert questions == [[0, 2, 4]]  # k0, k2, k4 of the slice
     assert _epochs_done(process, option) == 1
     sub.close()
     assert sorted(r[8] for r in _rows(mysql_url, ns)) == sorted(

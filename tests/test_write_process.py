@@ -198,6 +198,41 @@ def test_the_writer_reads_the_next_slice_while_the_child_writes_this_one(
     assert _restored_value(mysql_url, sub, tmp_path, 2, keys) == {k: "two" for k in keys}
 
 
+def test_a_new_childs_connection_is_known_while_the_writer_reads_the_next_slice(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close while the writer reads slice 2 of a new child's first epoch has the server
+    end the child's statement (:meth:`RenderProcess.interrupt`): the child's connection
+    is read before the writer moves on to the next slice, not with the reply (found by a
+    review: it was unknown then, and the close sent no KILL QUERY)."""
+    import pyflink_ndb.stores.render_process as render_process
+
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 16)
+    options = _process_options(mysql_url, namespaces)
+    sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "s"))
+    value = _value(sub)
+    for i in range(40):
+        sub.key(f"k{i}")
+        value.update("one")
+    seen: list[object] = []
+    table = sub.backend.protocol.table
+    real = type(table).rows_of
+
+    def rows_of(self, *args, **kwargs):
+        for n, row in enumerate(real(self, *args, **kwargs)):
+            if n == 16:  # the first row of slice 2: slice 1 is with the child
+                process = sub.backend.protocol.render_process
+                seen.append((process._store_call_in_flight, process.server_thread))
+            yield row
+
+    monkeypatch.setattr(type(table), "rows_of", rows_of)
+    sub.checkpoint(1)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process.starts == 1 and process.written_epochs == 1
+    assert seen == [(True, process.server_thread)] and process.server_thread is not None
+    sub.close()
+
+
 def test_a_failure_while_the_next_slice_is_read_stops_the_child_and_loses_nothing(
         mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:

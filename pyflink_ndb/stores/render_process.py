@@ -41,7 +41,6 @@ a fraction of a second and holds about 20 MB.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import pickle
@@ -53,11 +52,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from pyflink_ndb.cpu_pin import release_child
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: the pipes keep their default size
+    fcntl = None  # type: ignore[assignment]
 from pyflink_ndb.errors import (
     FencedError,
     SerializationError,
@@ -98,8 +103,11 @@ RENDER_AHEAD_ROWS = 100
 #: thread, back from the database, waits at most this long for the interpreter lock while
 #: the render thread renders (several times per transaction: send, fence check, commit).
 CHILD_SWITCH_INTERVAL_S = 0.0005
-#: Bytes of the pipes to and from the child (:func:`_widen_pipes`), where allowed.
-PIPE_BYTES = 4 << 20
+#: Bytes of a widened pipe to or from the child (:func:`_widen_pipes`), where allowed: the
+#: default /proc/sys/fs/pipe-max-size. A widened pipe counts against the user's
+#: `pipe-user-pages-soft` (64 MiB by default, for every process of that user), so only the
+#: pipes that carry slices are widened.
+PIPE_BYTES = 1 << 20
 _HEADER = struct.Struct(">Q")
 #: Started as `python -c BOOTSTRAP <package folder> <int digit limit>`: a stub of the
 #: top-level package keeps `pyflink_ndb/__init__.py` (which imports PyFlink) from running
@@ -123,25 +131,25 @@ BOOTSTRAP = (
 Rendered = list[list[bytes]]
 
 
-def _widen_pipes(child: subprocess.Popen[bytes]) -> None:
-    """Make the pipes to and from `child` :data:`PIPE_BYTES` large where the system allows
-    (Linux `F_SETPIPE_SZ`; up to /proc/sys/fs/pipe-max-size, 1 MiB by default, for an
-    unprivileged process). Each wait of the writer for a pipe (the `select` before each
-    write or read) gives up the interpreter lock, and under the task threads' load taking
-    it back costs up to a switch interval (5 ms): with the 64 KiB default a slice's 2 MB
-    request took some 32 writes."""
+def _widen_pipes(child: subprocess.Popen[bytes], replies_too: bool) -> None:
+    """Make the pipe to `child` (and with `replies_too` the one from it: the render
+    process's replies carry the rendered slice, the write process's a few numbers)
+    :data:`PIPE_BYTES` large where the system allows (Linux `F_SETPIPE_SZ`; a refusal, for
+    a size over pipe-max-size or over the user's pipe budget, leaves the default). Each
+    wait of the writer for a pipe (the `select` before each write or read, the write
+    itself) gives up the interpreter lock, and under the task threads' load taking it back
+    costs up to a switch interval (5 ms): with the 64 KiB default a slice's 2 MB request
+    took some 32 writes."""
     setter = getattr(fcntl, "F_SETPIPE_SZ", None)
     if setter is None:
         return
-    for stream in (child.stdin, child.stdout):
+    for stream in (child.stdin, child.stdout if replies_too else None):
         if stream is None:
             continue
-        for size in (PIPE_BYTES, 1 << 20):
-            try:
-                fcntl.fcntl(stream.fileno(), setter, size)
-                break
-            except OSError:  # over pipe-max-size (EPERM) or a pipe already closed
-                continue
+        try:
+            fcntl.fcntl(stream.fileno(), setter, PIPE_BYTES)
+        except OSError:  # EPERM (over a limit) or EBADF: the default size stays
+            continue
 
 
 class RenderProcessError(Exception):
@@ -293,8 +301,9 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
     A write renders its rows as :func:`render_rows` does, on a thread of its own
     (:class:`_RenderAhead`), and writes them with :meth:`StateStore.write_versions` as
     they are rendered; a row whose value the child cannot unpickle is asked for when the
-    writes reach it: the reply `("undecodable", [index])` is answered by a request
-    `("literals", {index: rendered})`, rendered by the writer. A delete runs
+    writes reach the first of them (with every other one rendered by then): the reply
+    `("undecodable", indexes)` is answered by a request `("literals", {index:
+    rendered})`, rendered by the writer. A delete runs
     :meth:`StateStore.delete_exact`. Before the work, a reply `("connection",
     server_thread)` names the child's connection on the server whenever it is new (the
     first request, a reconnect between requests; `reported` remembers the last one per
@@ -336,13 +345,14 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
         version, rows, renderers = args
         rows = [WriteRow(*r) for r in rows]
 
-        def ask(index: int) -> list[bytes]:
-            """The writer's rendering of row `index`, which the child cannot unpickle."""
-            reply(("undecodable", [index]))
+        def ask(indexes: list[int]) -> dict[int, list[bytes]]:
+            """The writer's rendering of rows `indexes`, which the child cannot unpickle."""
+            reply(("undecodable", indexes))
             answer = read()
-            if answer is None or answer[0] != "literals" or index not in answer[1]:
+            if (answer is None or answer[0] != "literals"
+                    or not all(index in answer[1] for index in indexes)):
                 raise RenderProcessError("the writer did not send the undecodable rows")
-            return answer[1][index]
+            return answer[1]
 
         with _RenderAhead(version, rows, renderers, key_json) as ahead:
             done = store.write_versions(fence, version, rows, None, None,
@@ -404,18 +414,37 @@ class _RenderAhead:
         except BaseException as err:  # noqa: BLE001 - handed to the main thread
             self._queue.put(err)
 
-    def rendered(self, ask: Callable[[int], list[bytes]]) -> Iterator[list[bytes]]:
+    def rendered(self, ask: Callable[[list[int]], dict[int, list[bytes]]]
+                 ) -> Iterator[list[bytes]]:
         """Per row of the slice, in order, its rendered database rows, as the thread
-        renders them; a row the child cannot unpickle is `ask(index)`ed of the writer.
+        renders them. Rows the child cannot unpickle are asked of the writer when the
+        writes reach the first of them, together with every other such row rendered by
+        then: `ask(indexes)` returns their rendered rows by index.
 
         :raises BaseException: what the thread raised rendering the next row."""
         index = 0
+        ready: deque[list[list[bytes] | None] | BaseException] = deque()
+        answers: dict[int, list[bytes]] = {}
         while index < len(self._rows):
-            chunk = self._queue.get()
+            chunk = ready.popleft() if ready else self._queue.get()
             if isinstance(chunk, BaseException):
                 raise chunk
-            for literals in chunk:
-                yield ask(index) if literals is None else literals
+            for offset, literals in enumerate(chunk):
+                if literals is None and index not in answers:
+                    while True:  # the chunks rendered by now: one question for them all
+                        try:
+                            ready.append(self._queue.get_nowait())
+                        except queue.Empty:
+                            break
+                    missing = [index + i for i, r in enumerate(chunk[offset:]) if r is None]
+                    start = index + len(chunk) - offset
+                    for later in ready:
+                        if isinstance(later, BaseException):
+                            break
+                        missing += [start + i for i, r in enumerate(later) if r is None]
+                        start += len(later)
+                    answers.update(ask(missing))
+                yield answers.pop(index) if literals is None else literals
                 index += 1
 
 
@@ -471,6 +500,9 @@ class RenderProcess:
         self.server_thread: int | None = None
         #: A write or delete request is with the child (from its send to its reply).
         self._store_call_in_flight = False
+        #: A frame of the reply that :meth:`_take_connection` read before
+        #: :meth:`_store_finish` (in a 1-tuple; None: none).
+        self._early_answer: tuple[Any] | None = None
         self._child: subprocess.Popen[bytes] | None = None
 
     @property
@@ -624,7 +656,7 @@ class RenderProcess:
                                 for i in indexes}
                     sent = self._store_send(
                         ("write", store_bytes, fence, version, list(map(tuple, part)), states),
-                        between, start=number == 0)
+                        between, number == 0, stall_s)
                     following = next(slices, None)  # read while the child writes `part`
                     done = None if not sent else self._store_finish(
                         len(part), literals, store, between, stall_s)
@@ -682,12 +714,12 @@ class RenderProcess:
         :raises FencedError, StoreUnavailableError, ValueTooLargeError: as the child
             reported them.
         """
-        if not self._store_send(request, between, start):
+        if not self._store_send(request, between, start, stall_s):
             return None
         return self._store_finish(rows, literals, store, between, stall_s)
 
     def _store_send(self, request: tuple[Any, ...], between: Callable[[], None] | None,
-                    start: bool) -> bool:
+                    start: bool, stall_s: float | None = None) -> bool:
         """Send `request` (see :func:`_serve_store`); its reply is read by
         :meth:`_store_finish`, and until then the request is in flight (:meth:`interrupt`
         ends its statement; a caller that gives up on it stops the child). `start`: start
@@ -698,6 +730,7 @@ class RenderProcess:
             self._require_child(start)
             self._store_call_in_flight = True
             self._send_frame(request, between)
+            self._take_connection(between, stall_s)
         except _CHILD_ERRORS as err:
             self._store_call_in_flight = False
             self._failed(err, "done")
@@ -707,6 +740,26 @@ class RenderProcess:
             self._stop()  # cancelled mid-request: its reply would be stale
             raise
         return True
+
+    def _take_connection(self, between: Callable[[], None] | None, stall_s: float | None
+                         ) -> None:
+        """Read the child's report of its connection (`("connection", server_thread)`,
+        sent before any work whenever the connection is new) now rather than with the
+        reply: the writer reads the epoch's next slice while the request is in flight, and
+        :meth:`interrupt` needs the connection meanwhile. A child that has not reported
+        one yet (a new child) is waited for; otherwise only a frame already there is read.
+        Another frame read here is kept for :meth:`_store_finish`."""
+        child = self._child
+        assert child is not None and child.stdout is not None
+        if self.server_thread is not None and not select.select(
+                [child.stdout.fileno()], [], [], 0)[0]:
+            return
+        answer = self._receive_frame(between, stall_s)
+        if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
+                and type(answer[1]) is int):
+            self.server_thread = answer[1]
+        else:
+            self._early_answer = (answer,)
 
     def _store_finish(self, rows: int,
                       literals: Callable[[list[int]], dict[int, list[bytes]]] | None,
@@ -722,7 +775,9 @@ class RenderProcess:
         """
         try:
             try:
-                answer = self._receive_frame(between, stall_s)
+                early, self._early_answer = self._early_answer, None
+                answer = early[0] if early is not None else \
+                    self._receive_frame(between, stall_s)
                 if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
                         and type(answer[1]) is int):
                     self.server_thread = answer[1]
@@ -862,7 +917,7 @@ class RenderProcess:
             pass
         assert self._child.stdin is not None
         os.set_blocking(self._child.stdin.fileno(), False)  # see _write
-        _widen_pipes(self._child)
+        _widen_pipes(self._child, replies_too=self.kind == "render")
         log.info("pyflink-ndb %s: %s process started (pid %d, %s)", self.name, self.kind,
                  self._child.pid, python)
         return self._child
@@ -940,6 +995,7 @@ class RenderProcess:
 
     def _stop(self) -> None:
         self.server_thread = None
+        self._early_answer = None
         child, self._child = self._child, None
         if child is None:
             return
