@@ -58,11 +58,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from pyflink_ndb.cpu_pin import release_child
-
-try:
-    import fcntl
-except ImportError:  # not on POSIX: the pipes keep their default size
-    fcntl = None  # type: ignore[assignment]
 from pyflink_ndb.errors import (
     FencedError,
     SerializationError,
@@ -73,6 +68,11 @@ from pyflink_ndb.serialization.keys import KeyJsonMemo
 from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
 from pyflink_ndb.stores.base import Deletion, Fence, StateStore, WriteRow, row_params
 from pyflink_ndb.stores.mysql import TOO_MANY_CONNECTIONS, render_state_row
+
+try:
+    import fcntl
+except ImportError:  # not on POSIX: the pipes keep their default size
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,14 @@ class RenderProcessError(Exception):
 _CHILD_ERRORS = (RenderProcessError, OSError, EOFError, pickle.UnpicklingError, ValueError)
 
 
+def _json_of(renderers: Mapping[int, JsonRenderer]) -> Callable[[int, bytes], str | None]:
+    """`json_of(state_id, value)`: the JSON of a value by its state's renderer
+    (:data:`PLAIN_JSON` for a state without one)."""
+    def json_of(state_id: int, value: bytes) -> str | None:
+        return renderers.get(state_id, PLAIN_JSON)(value)
+    return json_of
+
+
 def render_rows(version: int, rows: Sequence[WriteRow],
                 renderers: Mapping[int, JsonRenderer],
                 key_json: Callable[[bytes], str | None] | None = None
@@ -176,9 +184,7 @@ def render_rows(version: int, rows: Sequence[WriteRow],
     """
     if key_json is None:
         key_json = KeyJsonMemo()
-    def json_of(state_id: int, value: bytes) -> str | None:
-        return renderers.get(state_id, PLAIN_JSON)(value)
-
+    json_of = _json_of(renderers)
     rendered: Rendered = []
     undecodable: list[int] = []
     for index, row in enumerate(rows):
@@ -383,12 +389,9 @@ class _RenderAhead:
         self._queue: queue.SimpleQueue[list[list[bytes] | None] | BaseException] = \
             queue.SimpleQueue()
         self._stopped = threading.Event()
-
-        def json_of(state_id: int, value: bytes) -> str | None:
-            return renderers.get(state_id, PLAIN_JSON)(value)
-
         self._thread = threading.Thread(target=self._render, name="pyflink-ndb-render-ahead",
-                                        args=(version, json_of, key_json), daemon=True)
+                                        args=(version, _json_of(renderers), key_json),
+                                        daemon=True)
 
     def __enter__(self) -> _RenderAhead:
         self._thread.start()
