@@ -2,9 +2,11 @@
 # Make sure a MySQL-protocol server answers at the URL given (default 127.0.0.1:3306).
 # 1. it answers: done;  2. we are root: install/start MariaDB from Debian's packages on
 # loopback;  3. otherwise: say what is missing and fail.
-# PYFLINK_NDB_MARIADB_OPTS: more options for the instance it starts (not for a server that
-# already answers), e.g. "--innodb-buffer-pool-size=3G" for the benchmark's model of a
-# store that holds its data in memory (README, "User-profile job (part 7)").
+# PYFLINK_NDB_MARIADB_OPTS: more options for the instance it starts (ignored when a server
+# already answers at the URL), e.g. "--innodb-buffer-pool-size=3G" for the benchmark's
+# model of a store that holds its data in memory (README, "User-profile job (part 7)").
+# An instance it started keeps its data in var/mariadb-PORT/ (deleted by `make clean`);
+# stop it with: kill $(cat var/mariadb-PORT/mysqld.pid)
 set -euo pipefail
 url="${1:-mysql://root@127.0.0.1:3306/test}"
 hostport="${url#*@}"; hostport="${hostport%%/*}"
@@ -46,7 +48,9 @@ else
     -e "CREATE DATABASE IF NOT EXISTS \`$db\`" || true
   echo "started MariaDB on $host:$port"
 fi
-# The test database and password-less root over TCP, as the tests expect.
+# The test database, on the server of the URL (over TCP: the client's default socket may
+# be another server's).
 if command -v mariadb >/dev/null && [ "$(id -u)" = 0 ]; then
-  mariadb -uroot -e "CREATE DATABASE IF NOT EXISTS \`$db\`" 2>/dev/null || true
+  mariadb --no-defaults --protocol=TCP -h "$host" -P "$port" -uroot \
+    -e "CREATE DATABASE IF NOT EXISTS \`$db\`" 2>/dev/null || true
 fi
