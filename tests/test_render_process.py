@@ -101,6 +101,17 @@ def test_a_value_over_one_chunk_renders_its_chunks() -> None:
     assert len(rendered[0]) == 2 and rendered == _in_writer(3, rows, {})
 
 
+def _class_only_here(monkeypatch: pytest.MonkeyPatch, module_name: str, name: str
+                     ) -> type[list]:
+    """A list subclass (its JSON is an array) of a module that only this interpreter has
+    (registered in `sys.modules` for the test): the child process cannot unpickle it."""
+    module = types.ModuleType(module_name)
+    cls = type(name, (list,), {"__module__": module_name, "__qualname__": name})
+    setattr(module, name, cls)
+    monkeypatch.setitem(sys.modules, module_name, module)
+    return cls
+
+
 def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The child gets SLICE_ROWS rows per request (its memory is one slice's, not the
@@ -108,13 +119,7 @@ def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
     unpickle, in any slice, is rendered here at its own index."""
     import pyflink_ndb.stores.render_process as render_process
 
-    module = types.ModuleType("pfn_slices_only_here")
-
-    class Opaque(list):
-        __module__ = module.__name__
-    Opaque.__qualname__ = "Opaque"
-    module.Opaque = Opaque  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+    Opaque = _class_only_here(monkeypatch, "pfn_slices_only_here", "Opaque")
     monkeypatch.setattr(render_process, "SLICE_ROWS", 4)
     rows = []
     for i in range(11):  # three slices: 4 + 4 + 3
@@ -187,17 +192,11 @@ def test_the_write_processs_render_thread_renders_what_render_rows_does(
     """The write process renders on a thread while it writes (`_RenderAhead`): the same
     literals, in order, over several hand-overs; a row it cannot unpickle is asked for
     at its index; the thread ends when the rows are taken."""
-    module = types.ModuleType("pfn_gone_before_rendering")
-
-    class Gone(list):
-        __module__ = module.__name__
-    Gone.__qualname__ = "Gone"
-    module.Gone = Gone  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+    Gone = _class_only_here(monkeypatch, "pfn_gone_before_rendering", "Gone")
     rows = _numbered_rows(2 * RENDER_AHEAD_ROWS + 17)
     for i in (5, 130, 131):
         rows[i] = rows[i]._replace(value=encode_value(Gone([i])))
-    monkeypatch.delitem(sys.modules, module.__name__)  # now it cannot be unpickled
+    monkeypatch.delitem(sys.modules, Gone.__module__)  # now it cannot be unpickled
     expected, undecodable = render_rows(3, rows, {})
     assert undecodable == [5, 130, 131]
     asked: list[list[int]] = []
@@ -509,13 +508,7 @@ def test_a_value_only_the_writer_can_unpickle_keeps_its_json(
         monkeypatch: pytest.MonkeyPatch, option: str) -> None:
     """The child asks the writer for those rows' literals (with `write.process`, one
     question per row as its writes reach it: here three in one slice)."""
-    module = types.ModuleType("pfn_only_in_this_interpreter")
-
-    class Tags(list):  # a list subclass: its JSON is an array
-        __module__ = module.__name__
-    Tags.__qualname__ = "Tags"
-    module.Tags = Tags  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+    Tags = _class_only_here(monkeypatch, "pfn_only_in_this_interpreter", "Tags")
     assert pickle.loads(pickle.dumps(Tags([1]))) == [1]
     ns = unique_namespace("rp")
     namespaces.append(ns)

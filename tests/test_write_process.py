@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -146,23 +146,34 @@ def test_slices_are_written_by_the_child_and_a_child_killed_mid_epoch_leaves_the
         k: ("three" if i < 10 else "two", k) for i, k in enumerate(keys)}
 
 
+def _watch_rows(monkeypatch: pytest.MonkeyPatch, sub: LocalSubtask,
+                watch: Callable[[int], None]) -> None:
+    """Call `watch(n)` as the writer takes row n of an epoch, before it gets the row
+    (what `watch` raises is a failure of the writer while it reads the epoch)."""
+    table = sub.backend.protocol.table
+    real = type(table).rows_of
+
+    def rows_of(self, *args, **kwargs):
+        for n, row in enumerate(real(self, *args, **kwargs)):
+            watch(n)
+            yield row
+
+    monkeypatch.setattr(type(table), "rows_of", rows_of)
+
+
 def _counted_rows(monkeypatch: pytest.MonkeyPatch, sub: LocalSubtask,
                   fail_at: int | None = None) -> list[int]:
     """Count the rows the writer takes from the epoch (one element a row), in the list
     returned; `fail_at`: the row whose taking raises (a failure of the writer while it
     reads the epoch)."""
-    table = sub.backend.protocol.table
     taken: list[int] = []
-    real = type(table).rows_of
 
-    def rows_of(self, *args, **kwargs):
-        for row in real(self, *args, **kwargs):
-            if fail_at is not None and len(taken) == fail_at:
-                raise OSError("the local tier could not be read")
-            taken.append(1)
-            yield row
+    def count(n: int) -> None:
+        if n == fail_at:
+            raise OSError("the local tier could not be read")
+        taken.append(1)
 
-    monkeypatch.setattr(type(table), "rows_of", rows_of)
+    _watch_rows(monkeypatch, sub, count)
     return taken
 
 
@@ -215,17 +226,13 @@ def test_a_new_childs_connection_is_known_while_the_writer_reads_the_next_slice(
         sub.key(f"k{i}")
         value.update("one")
     seen: list[object] = []
-    table = sub.backend.protocol.table
-    real = type(table).rows_of
 
-    def rows_of(self, *args, **kwargs):
-        for n, row in enumerate(real(self, *args, **kwargs)):
-            if n == 16:  # the first row of slice 2: slice 1 is with the child
-                process = sub.backend.protocol.render_process
-                seen.append((process._store_call_in_flight, process.server_thread))
-            yield row
+    def at_slice_2(n: int) -> None:
+        if n == 16:  # the first row of slice 2: slice 1 is with the child
+            process = sub.backend.protocol.render_process
+            seen.append((process._store_call_in_flight, process.server_thread))
 
-    monkeypatch.setattr(type(table), "rows_of", rows_of)
+    _watch_rows(monkeypatch, sub, at_slice_2)
     sub.checkpoint(1)
     process = sub.backend.protocol.render_process
     assert process is not None and process.starts == 1 and process.written_epochs == 1

@@ -152,6 +152,15 @@ def _widen_pipes(child: subprocess.Popen[bytes], replies_too: bool) -> None:
             continue
 
 
+def _connection_of(answer: Any) -> int | None:
+    """The server thread a child's `("connection", server_thread)` frame reports; None
+    for any other frame."""
+    if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
+            and type(answer[1]) is int):
+        return int(answer[1])
+    return None
+
+
 class RenderProcessError(Exception):
     """The child could not be started or failed; the writer renders the epoch itself."""
 
@@ -758,9 +767,9 @@ class RenderProcess:
                 [child.stdout.fileno()], [], [], 0)[0]:
             return
         answer = self._receive_frame(between, stall_s)
-        if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
-                and type(answer[1]) is int):
-            self.server_thread = answer[1]
+        server_thread = _connection_of(answer)
+        if server_thread is not None:
+            self.server_thread = server_thread
         else:
             self._early_answer = (answer,)
 
@@ -781,9 +790,9 @@ class RenderProcess:
                 early, self._early_answer = self._early_answer, None
                 answer = early[0] if early is not None else \
                     self._receive_frame(between, stall_s)
-                if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
-                        and type(answer[1]) is int):
-                    self.server_thread = answer[1]
+                server_thread = _connection_of(answer)
+                if server_thread is not None:
+                    self.server_thread = server_thread
                     answer = self._receive_frame(between, stall_s)
                 while (type(answer) is tuple and len(answer) == 2
                         and answer[0] == "undecodable" and literals is not None):
