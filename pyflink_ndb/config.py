@@ -24,6 +24,8 @@ from pyflink_ndb.errors import ConfigurationError
 PREFIX = "state.backend.ndb."
 DEFAULT_URL = "sqlite:///pyflink-ndb-state.sqlite"
 _NAMESPACE_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+#: Largest `write.process-connections`: each is a database connection per subtask.
+MAX_WRITE_PROCESS_CONNECTIONS = 16
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "third database connection per subtask. A child that fails is replaced (3 "
                "times at most); meanwhile the writer renders and writes itself. On implies "
                "`write.render-process`."),
+    OptionSpec("write.process-connections", "write_process_connections", 2,
+               "With `write.process` on: database connections the write process writes "
+               "each checkpoint's rows on at once, each taking the next transaction when "
+               "it committed its last (garbage collection's deletes use the first). 1-16; "
+               "1: one connection, the transactions one after the other. A connection "
+               "the server refuses for its connection limit is logged and the writes go "
+               "on those open."),
     OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,
                "Bound (bytes, estimated: values + keys + 120 per entry) of the frozen "
                "checkpoints not yet written; a checkpoint that would exceed it waits in "
@@ -206,6 +215,7 @@ class NdbStateOptions:
     write_async: bool = True
     write_render_process: bool = False
     write_process: str = "auto"
+    write_process_connections: int = 2
     write_max_pending_bytes: int = 256 * 1024 * 1024
     python_gc_freeze: bool = True
     python_cpu_pin: str = "off"
@@ -241,6 +251,9 @@ class NdbStateOptions:
                               "true or false")
         self._require(self.cache_max_entries >= 1, "cache.max-entries", "at least 1")
         self._require(self.write_batch_rows >= 1, "write.batch-size", "at least 1")
+        self._require(1 <= self.write_process_connections <= MAX_WRITE_PROCESS_CONNECTIONS,
+                      "write.process-connections",
+                      f"from 1 to {MAX_WRITE_PROCESS_CONNECTIONS}")
         self._require(self.value_max_bytes >= 1, "value.max-bytes", "at least 1")
         self._require(self.write_max_pending_bytes >= 1, "write.max-pending-bytes",
                       "at least 1")

@@ -67,6 +67,7 @@ def test_other_keys_are_ignored_and_later_sources_win() -> None:
     ("write.process", "True", "true"),
     ("write.process", "no", "false"),
     ("write.process", False, "false"),
+    ("write.process-connections", "3", 3),
 ])
 def test_values_are_converted(key: str, raw: object, expected: object) -> None:
     options = from_flink_keys({P + key: raw})
@@ -149,6 +150,10 @@ def test_constructor_refuses_a_non_boolean_for_a_boolean_option() -> None:
                              "be `lazy`, `eager` or `background` (default: lazy)."),
     ("checkpoints.retained", "0", "state.backend.ndb.checkpoints.retained=0 is not allowed: "
                                   "it must be at least 1 (default: none)."),
+    ("write.process-connections", "0", "state.backend.ndb.write.process-connections=0 is "
+                                       "not allowed: it must be from 1 to 16 (default: 2)."),
+    ("write.process-connections", "17", "state.backend.ndb.write.process-connections=17 is "
+                                        "not allowed: it must be from 1 to 16 (default: 2)."),
 ])
 def test_an_out_of_range_value_is_named_with_the_rule_and_the_default(
         key: str, raw: str, message: str) -> None:

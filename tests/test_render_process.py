@@ -33,6 +33,7 @@ from pyflink.datastream.state import (
 
 from pyflink_ndb.checkpoint.writer import WriteCancelled
 from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.errors import FencedError, ValueTooLargeError
 from pyflink_ndb.serialization import encode_key, encode_value
 from pyflink_ndb.serialization.keys import KeyJsonMemo, encode_map_key, key_prefix_json
 from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
@@ -46,6 +47,7 @@ from pyflink_ndb.stores.render_process import (
     _RenderAhead,
     render_rows,
     slices_of,
+    write_batches,
 )
 from pyflink_ndb.testing import LocalSubtask
 
@@ -229,6 +231,67 @@ def test_a_failure_of_the_render_thread_reaches_the_writes_and_leaving_stops_it(
     with _RenderAhead(3, rows, {}, KeyJsonMemo()) as ahead:
         next(ahead.rendered(lambda indexes: {}))
     assert not ahead._thread.is_alive()  # left after one row: the thread stopped
+
+
+class _BatchConnection:
+    """A stand-in for one of the write process's connections in :func:`write_batches`
+    (the logic above the store; the real connections: tests/test_write_process.py): it
+    records the batches it wrote, takes `seconds` for each, and raises `failure` at its
+    `fail_at`-th batch."""
+
+    def __init__(self, seconds: float = 0.002, fail_at: int | None = None,
+                 failure: BaseException | None = None) -> None:
+        self.seconds, self.fail_at, self.failure = seconds, fail_at, failure
+        self.wrote: list[int] = []
+
+    def write_batch(self, fence, batch: list[int]) -> int:
+        if self.fail_at is not None and len(self.wrote) + 1 == self.fail_at:
+            raise self.failure or RuntimeError("fail")
+        time.sleep(self.seconds)
+        self.wrote.append(batch[0])
+        return len(batch)
+
+
+def _numbered_batches(count: int, taken: list[int], fail_at: int | None = None
+                      ) -> Iterator[list[int]]:
+    for number in range(count):
+        if number == fail_at:
+            raise ValueTooLargeError("an oversized row")
+        taken.append(number)
+        yield [number] * 3
+
+
+def test_batches_go_to_every_connection_each_once() -> None:
+    connections = [_BatchConnection(), _BatchConnection(), _BatchConnection()]
+    taken: list[int] = []
+    written = write_batches(connections, None, _numbered_batches(60, taken))  # type: ignore
+    assert written == 180
+    assert sorted(chain.from_iterable(c.wrote for c in connections)) == list(range(60))
+    assert all(c.wrote for c in connections)  # each connection took some
+    for connection in connections:  # each takes the next batch when it is done
+        assert connection.wrote == sorted(connection.wrote)
+
+
+def test_a_failed_write_stops_the_other_connections_taking_batches() -> None:
+    fenced = FencedError("a newer attempt claimed the key groups")
+    connections = [_BatchConnection(fail_at=3, failure=fenced),
+                   _BatchConnection(seconds=0.01)]
+    taken: list[int] = []
+    with pytest.raises(FencedError):
+        write_batches(connections, None, _numbered_batches(60, taken))  # type: ignore
+    # The failing connection took its 3rd batch; the other one finished what it held.
+    assert len(taken) < 10
+    assert len(connections[0].wrote) == 2
+    assert len(taken) == 2 + 1 + len(connections[1].wrote)
+
+
+def test_a_failure_taking_a_batch_is_raised_after_the_batches_held_are_written() -> None:
+    connections = [_BatchConnection(seconds=0.01), _BatchConnection(seconds=0.01)]
+    taken: list[int] = []
+    with pytest.raises(ValueTooLargeError):
+        write_batches(connections, None, _numbered_batches(60, taken, fail_at=5))  # type: ignore
+    assert taken == [0, 1, 2, 3, 4]
+    assert sorted(chain.from_iterable(c.wrote for c in connections)) == taken
 
 
 def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(

@@ -7,6 +7,7 @@ tested with the render process (tests/test_render_process.py, `CHILD_OPTIONS`)."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -230,13 +231,15 @@ def test_a_new_childs_connection_is_known_while_the_writer_reads_the_next_slice(
     def at_slice_2(n: int) -> None:
         if n == 16:  # the first row of slice 2: slice 1 is with the child
             process = sub.backend.protocol.render_process
-            seen.append((process._store_call_in_flight, process.server_thread))
+            seen.append((process._store_call_in_flight, process.server_threads))
 
     _watch_rows(monkeypatch, sub, at_slice_2)
     sub.checkpoint(1)
     process = sub.backend.protocol.render_process
     assert process is not None and process.starts == 1 and process.written_epochs == 1
-    assert seen == [(True, process.server_thread)] and process.server_thread is not None
+    # Both connections of the default write.process-connections (2), distinct.
+    assert seen == [(True, process.server_threads)]
+    assert len(set(process.server_threads)) == 2
     sub.close()
 
 
@@ -350,12 +353,13 @@ def test_a_cancel_has_the_server_end_the_childs_statement(
     connection, which the child reported), instead of leaving it to run on with its
     locks after the child is killed (the server notices a killed client only when its
     statement ends; the next attempt's claim would wait for its shared lock)."""
-    options = _process_options(mysql_url, namespaces)
+    # Transactions of 10 rows: both of the child's connections take one and wait.
+    options = dataclasses.replace(_process_options(mysql_url, namespaces), write_batch_rows=10)
     keys = [f"k{i}" for i in range(50)]
     sub, value = _checkpointed(options, tmp_path / "s", keys)
     process = sub.backend.protocol.render_process
-    assert process is not None and process.server_thread is not None
-    child_thread = process.server_thread
+    assert process is not None and len(process.server_threads) == 2
+    child_threads = process.server_threads
     holder = mysql_connect(mysql_url)
     try:
         with holder.cursor() as cur:
@@ -363,20 +367,20 @@ def test_a_cancel_has_the_server_end_the_childs_statement(
             cur.execute("BEGIN")
             cur.execute(f"SELECT owners FROM {options.namespace}_operators FOR UPDATE")
 
-        def waiting() -> bool:
+        def waiting() -> int:
             with holder.cursor() as cur:
                 cur.execute("SELECT COUNT(*) FROM information_schema.processlist "
-                            "WHERE id = %s AND info IS NOT NULL", (child_thread,))
-                return cur.fetchone()[0] > 0
+                            "WHERE id IN (%s, %s) AND info IS NOT NULL", child_threads)
+                return int(cur.fetchone()[0])
 
         for key in keys:
             sub.key(key)
             value.update("two")
         sub.snapshot(2, durable=False)  # the child's fence check waits for the lock
         deadline = time.monotonic() + 10
-        while not waiting() and time.monotonic() < deadline:
+        while waiting() < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert waiting(), "the child's statement did not reach the server"
+        assert waiting() == 2, "the child's statements did not reach the server"
         sub.crash()
         deadline = time.monotonic() + 3
         while waiting() and time.monotonic() < deadline:
@@ -445,6 +449,65 @@ def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer
         sub.close()
         proxy.limit_connections(None)
         assert _restored_value(url, sub, tmp_path, 5, keys) == {k: 5 for k in keys}
+
+
+def test_an_epoch_on_three_connections_commits_every_row(
+        mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`write.process-connections: 3` with transactions of 4 rows: the child reports three
+    connections, and each checkpoint restores every key's value of that checkpoint."""
+    import pyflink_ndb.stores.render_process as render_process
+
+    monkeypatch.setattr(render_process, "SLICE_ROWS", 16)
+    ns = unique_namespace("wp")
+    namespaces.append(ns)
+    options = _options(mysql_url, ns, write_process=True, checkpoints_retained=8,
+                       write_process_connections=3, write_batch_rows=4)
+    sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "s"))
+    value = _value(sub)
+    keys = [f"k{i}" for i in range(100)]
+    for checkpoint_id in (1, 2):
+        for key in keys:
+            sub.key(key)
+            value.update((checkpoint_id, key))
+        sub.checkpoint(checkpoint_id)
+    process = sub.backend.protocol.render_process
+    assert process is not None and process.written_epochs == 2 and process.fallbacks == 0
+    assert len(set(process.server_threads)) == 3
+    sub.close()
+    for checkpoint_id in (1, 2):
+        assert _restored_value(mysql_url, sub, tmp_path, checkpoint_id, keys) == {
+            k: (checkpoint_id, k) for k in keys}
+
+
+def test_a_further_connection_refused_by_the_limit_leaves_the_writes_on_those_open(
+        mysql_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server with room for the child's first connection but not its second: the child
+    writes every epoch on the one (no checkpoint fails, the child is not given up), and
+    says so once."""
+    import logging
+
+    with _proxied_namespace(mysql_url) as (proxy, url, ns):
+        options = _options(url, ns, write_process=True, checkpoints_retained=8)
+        sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "l"))
+        value = _value(sub)
+        proxy.limit_connections(proxy.connections + 1)  # the child's first, no more
+        keys = [f"k{i}" for i in range(20)]
+        with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
+            for checkpoint_id in (1, 2, 3):
+                for key in keys:
+                    sub.key(key)
+                    value.update(checkpoint_id)
+                sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
+        process = sub.backend.protocol.render_process
+        assert proxy.refused >= 1 and process is not None
+        assert process.written_epochs == 3 and process.fallbacks == 0
+        assert len(process.server_threads) == 1
+        assert sub.backend.protocol.epochs_failed == 0
+        assert caplog.text.count("refused a further connection") == 1
+        sub.close()
+        proxy.limit_connections(None)
+        assert _restored_value(url, sub, tmp_path, 3, keys) == {k: 3 for k in keys}
 
 
 # -- a real job ---------------------------------------------------------------------------

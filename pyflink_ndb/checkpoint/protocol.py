@@ -487,7 +487,8 @@ class CheckpointProtocol:
                     self.wstore, fence, version,
                     _kept(self.table.rows_of(frozen, None, between), rows),
                     self._json_renderers, self._json_of, self.table.key_json, between,
-                    self.options.value_max_bytes, stall_s=self._process_stall_s)
+                    self.options.value_max_bytes, stall_s=self._process_stall_s,
+                    connections=self.options.write_process_connections)
             else:
                 written = self.wstore.write_versions(
                     fence, version, rows, self.options.value_max_bytes, between,

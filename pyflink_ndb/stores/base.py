@@ -964,17 +964,32 @@ class StateStore(ABC):
         :raises StoreUnavailableError: retries spent.
         :raises ValueError: `rendered` has fewer or more rows than `rows`.
         """
+        written = 0
+        for batch in self.version_batches(version, rows, value_max_bytes, rendered):
+            written += self.write_batch(fence, batch, between)
+        return written
+
+    def version_batches(self, version: int, rows: Iterable[WriteRow],
+                        value_max_bytes: int | None = None,
+                        rendered: Iterable[Sequence[bytes]] | None = None
+                        ) -> Iterator[list[Any]]:
+        """The transactions of :meth:`write_versions`, in order, for :meth:`write_batch`:
+        each a list of at most `write_batch_rows` rows and :data:`MAX_BATCH_BYTES` bytes
+        (one list for all when the store does not commit each batch). Every row is
+        checked (:meth:`check_sizes`) before the first batch is produced; `rendered` as
+        for :meth:`write_versions`, consumed as the batches are taken.
+
+        :raises ValueTooLargeError: see :meth:`check_sizes`.
+        :raises ValueError: `rendered` has fewer or more rows than `rows`.
+        """
         if not isinstance(rows, Sequence):
             rows = list(rows)  # checked in full before the first write
         self.check_sizes(rows, value_max_bytes, f"version {version}")
         if rendered is not None and not self.renders_literals:
             raise TypeError(f"{type(self).__name__} does not take rows rendered as literals")
-        sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, version, chunk, "
-               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) VALUES ")
         literals = None if rendered is None else iter(rendered)
         batch: list[Any] = []
         batch_bytes = 0
-        written = 0
         for row in rows:
             items: Iterable[Any]
             if literals is None:
@@ -990,23 +1005,27 @@ class StateStore(ABC):
                 if batch and self.commit_each_batch and (
                         len(batch) >= self.write_batch_rows
                         or batch_bytes + size > MAX_BATCH_BYTES):
-                    written += self._write_batch(fence, sql, batch, between)
+                    yield batch
                     batch = []
                     batch_bytes = 0
                 batch.append(params)
                 batch_bytes += size
-        if batch:
-            written += self._write_batch(fence, sql, batch, between)
         if literals is not None and next(literals, None) is not None:
             raise ValueError(f"version {version}: more rendered rows than rows")
-        return written
+        if batch:
+            yield batch
 
-    def _write_batch(self, fence: Fence, sql: str, batch: list[Any],
-                     between: Callable[[], None] | None) -> int:
-        """One fenced transaction of :meth:`write_versions`: `batch` in statements of at
-        most `write_batch_rows` rows (one statement when each batch commits on its own)."""
+    def write_batch(self, fence: Fence, batch: list[Any],
+                    between: Callable[[], None] | None = None) -> int:
+        """One fenced transaction of :meth:`write_versions` (a batch of
+        :meth:`version_batches`), in statements of at most `write_batch_rows` rows;
+        returns the rows written. `between()` is called first (it may raise).
+
+        :raises FencedError, StoreUnavailableError: as :meth:`write_versions`."""
         if between is not None:
             between()
+        sql = (f"REPLACE INTO {self.t_state} (key_group, state_id, ukey, version, chunk, "
+               "tombstone, chunks, expires_at_ms, fmt, vbytes, vjson, kjson) VALUES ")
 
         def work() -> None:
             for start in range(0, len(batch), self.write_batch_rows):

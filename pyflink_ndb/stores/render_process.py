@@ -152,12 +152,13 @@ def _widen_pipes(child: subprocess.Popen[bytes], replies_too: bool) -> None:
             continue
 
 
-def _connection_of(answer: Any) -> int | None:
-    """The server thread a child's `("connection", server_thread)` frame reports; None
+def _connection_of(answer: Any) -> tuple[int, ...] | None:
+    """The server threads a child's `("connection", server_threads)` frame reports; None
     for any other frame."""
     if (type(answer) is tuple and len(answer) == 2 and answer[0] == "connection"
-            and type(answer[1]) is int):
-        return int(answer[1])
+            and type(answer[1]) is tuple and answer[1]
+            and all(type(thread) is int for thread in answer[1])):
+        return tuple(answer[1])
     return None
 
 
@@ -246,15 +247,14 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """The child's loop: answer each request frame with a reply frame until the input
     closes. A request is `("render", version, rows, renderers)` (reply: `(rendered,
     undecodable)`, see :func:`render_rows`), `("write", store, fence, version, rows,
-    renderers)` or `("delete", store, fence, deletions)` (see :func:`_serve_store`)."""
+    renderers, connections)` or `("delete", store, fence, deletions)` (see :func:`_serve_store`)."""
     sys.setswitchinterval(CHILD_SWITCH_INTERVAL_S)
     logs = _LogLines()
     root = logging.getLogger()
     root.handlers[:] = [logs]  # the store's retries go back to the writer with the reply
     root.setLevel(logging.WARNING)
     key_json = KeyJsonMemo()
-    stores: dict[bytes, StateStore] = {}
-    reported: dict[bytes, int] = {}  # the server thread last reported, per store
+    stores: dict[bytes, _Connections] = {}
 
     def read() -> Any:
         header = requests.read(_HEADER.size)
@@ -274,7 +274,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             _, version, rows, renderers = request
             reply(render_rows(version, [WriteRow(*r) for r in rows], renderers, key_json))
         else:
-            reply((*_serve_store(request, stores, reported, key_json, read, reply),
+            reply((*_serve_store(request, stores, key_json, read, reply),
                    logs.take()))
 
 
@@ -305,26 +305,30 @@ class _LogLines(logging.Handler):
         return lines
 
 
-def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
-                 reported: dict[bytes, int], key_json: KeyJsonMemo, read: Callable[[], Any],
+def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
+                 key_json: KeyJsonMemo, read: Callable[[], Any],
                  reply: Callable[[object], None]) -> tuple[Any, ...]:
     """The child's part of :meth:`RenderProcess.write` (one slice) and
-    :meth:`RenderProcess.delete_exact`, on the child's own connection: `store` is the
+    :meth:`RenderProcess.delete_exact`, on the child's own connections: `store` is the
     writer's store, pickled without its connection (the child connects once per distinct
-    store and keeps the connection).
+    store and keeps its connections in `stores`: the first for deletes and writes, the
+    others for writes only).
 
     A write renders its rows as :func:`render_rows` does, on a thread of its own
-    (:class:`_RenderAhead`), and writes them with :meth:`StateStore.write_versions` as
-    they are rendered; a row whose value the child cannot unpickle is asked for when the
-    writes reach the first of them (with every other one rendered by then): the reply
-    `("undecodable", indexes)` is answered by a request `("literals", {index:
-    rendered})`, rendered by the writer. A delete runs
+    (:class:`_RenderAhead`), and writes them as they are rendered, in the transactions of
+    :meth:`StateStore.write_versions`, on as many connections at once as the request
+    asks (:func:`write_batches`; `write.process-connections`); a row whose value the child
+    cannot unpickle is asked for when the writes reach the first of them (with every
+    other one rendered by then): the reply `("undecodable", indexes)` is answered by a
+    request `("literals", {index: rendered})`, rendered by the writer. A delete runs
     :meth:`StateStore.delete_exact`. Before the work, a reply `("connection",
-    server_thread)` names the child's connection on the server whenever it is new (the
-    first request, a reconnect between requests; `reported` remembers the last one per
-    store): the writer's close has the server end its statement (`KILL QUERY`,
+    server_threads)` names the child's connections on the server whenever they change
+    (the first request, a new connection, a reconnect between requests): the writer's
+    close has the server end their statements (`KILL QUERY`,
     :meth:`RenderProcess.interrupt`). A reconnect inside one request's retries is not
-    reported until the next request.
+    reported until the next request. A further connection that the server refuses for
+    its connection limit is logged, and the writes go on the connections open
+    (:meth:`_Connections.open_more`).
 
     :returns: the final reply without its log lines (:func:`serve` adds them),
         `("done", rows, retries)` (rows written or deleted, the store's retries meanwhile)
@@ -333,31 +337,31 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
     """
     kind, store_bytes, fence, *args = request
     try:
-        store = stores.get(store_bytes)
-        if store is None:
+        connections = stores.get(store_bytes)
+        if connections is None:
             for old in stores.values():
                 old.close()
             stores.clear()
-            reported.clear()
-            store = pickle.loads(store_bytes)
             try:
-                store.connect()
+                connections = _Connections(store_bytes)
             except StoreUnavailableError as err:
                 if _connection_limit(err):  # the writer's own connection may still work
                     return ("error", "failed", f"its connection was refused: {err}")
                 raise
-            stores[store_bytes] = store
-        # The writer's close has the server end this connection's statement (KILL QUERY)
-        # when it stops this child mid-request: tell it which connection that is.
-        server_thread = store.server_thread()
-        if server_thread is not None and server_thread != reported.get(store_bytes):
-            reply(("connection", server_thread))
-            reported[store_bytes] = server_thread
-        before = store.retries
+            stores[store_bytes] = connections
+        if kind == "write":
+            connections.open_more(args[3])
+        # The writer's close has the server end these connections' statements (KILL
+        # QUERY) when it stops this child mid-request: tell it which connections they are.
+        server_threads = connections.new_server_threads()
+        if server_threads is not None:
+            reply(("connection", server_threads))
+        before = connections.retries()
+        store = connections.stores[0]
         if kind == "delete":
             done = store.delete_exact(fence, [Deletion(*d) for d in args[0]])
-            return ("done", done, store.retries - before)
-        version, rows, renderers = args
+            return ("done", done, connections.retries() - before)
+        version, rows, renderers, wanted = args
         rows = [WriteRow(*r) for r in rows]
 
         def ask(indexes: list[int]) -> dict[int, list[bytes]]:
@@ -370,9 +374,9 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
             return answer[1]
 
         with _RenderAhead(version, rows, renderers, key_json) as ahead:
-            done = store.write_versions(fence, version, rows, None, None,
-                                        rendered=ahead.rendered(ask))
-        return ("done", done, store.retries - before)
+            done = write_batches(connections.stores[:wanted], fence, store.version_batches(
+                version, rows, None, ahead.rendered(ask)))
+        return ("done", done, connections.retries() - before)
     except FencedError as err:
         return ("error", "fenced", str(err))
     except StoreUnavailableError as err:
@@ -381,6 +385,107 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, StateStore],
         return ("error", "too-large", str(err))
     except Exception as err:  # the writer stops this child and does the work itself
         return ("error", "failed", f"{type(err).__name__}: {err}")
+
+
+class _Connections:
+    """The write process's connections to one store (the writer's, unpickled: each a
+    store of its own): the first for deletes and writes, the others for writes only
+    (`write.process-connections`).
+
+    :raises StoreUnavailableError: the first connection failed (as
+        :meth:`StateStore.connect`)."""
+
+    def __init__(self, store_bytes: bytes) -> None:
+        self._store_bytes = store_bytes
+        self.stores = [self._connected()]
+        #: The server threads last reported to the writer (:meth:`new_server_threads`).
+        self._reported: tuple[int, ...] = ()
+        #: The server refused a further connection for its connection limit: no more are
+        #: asked for (the writes go on those open).
+        self._refused = False
+
+    def _connected(self) -> StateStore:
+        store: StateStore = pickle.loads(self._store_bytes)
+        store.connect()
+        return store
+
+    def open_more(self, wanted: int) -> None:
+        """Open connections until there are `wanted`; one that the server refuses for its
+        connection limit is logged once, and no more are asked for.
+
+        :raises StoreUnavailableError: the server cannot be reached."""
+        while len(self.stores) < wanted and not self._refused:
+            try:
+                self.stores.append(self._connected())
+            except StoreUnavailableError as err:
+                if not _connection_limit(err):
+                    raise
+                self._refused = True
+                log.warning("the server refused a further connection (%s): the writes go "
+                            "on %d connection(s)", err, len(self.stores))
+
+    def new_server_threads(self) -> tuple[int, ...] | None:
+        """The server threads of the connections when they changed since the last call
+        (a new connection, a reconnect), else None."""
+        threads = tuple(t for t in (s.server_thread() for s in self.stores) if t is not None)
+        if not threads or threads == self._reported:
+            return None
+        self._reported = threads
+        return threads
+
+    def retries(self) -> int:
+        """The retries of every connection so far."""
+        return sum(store.retries for store in self.stores)
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+def write_batches(stores: Sequence[StateStore], fence: Fence,
+                  batches: Iterator[list[Any]]) -> int:
+    """Write `batches` (:meth:`StateStore.version_batches`), fenced, each in a transaction
+    of its own, on the connections of `stores` at once: each connection takes the next
+    batch once it has committed its last (`write.process-connections`; the batches hold
+    distinct primary keys, so the connections wait for no row lock of each other's, only
+    share the owner row's shared lock of the fence). Returns the rows written, once every
+    batch taken is committed. The first failure (of a write, or of taking a batch: a
+    rendering error, an oversized row) stops the others taking more and is raised once
+    they have finished the batch they hold.
+
+    :raises FencedError, StoreUnavailableError, ValueTooLargeError: as
+        :meth:`StateStore.write_versions`."""
+    if len(stores) == 1:
+        return sum(stores[0].write_batch(fence, batch) for batch in batches)
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+    written = [0] * len(stores)
+
+    def work(index: int) -> None:
+        try:
+            while True:
+                with lock:  # `batches` renders and may ask the writer: one taker at a time
+                    if failures:
+                        return
+                    batch = next(batches, None)
+                if batch is None:
+                    return
+                written[index] += stores[index].write_batch(fence, batch)
+        except BaseException as err:  # noqa: BLE001 - raised by the caller
+            with lock:
+                failures.append(err)
+
+    threads = [threading.Thread(target=work, args=(index,), daemon=True,
+                                name=f"pyflink-ndb-write-{index}")
+               for index in range(1, len(stores))]
+    for thread in threads:
+        thread.start()
+    work(0)
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return sum(written)
 
 
 class _RenderAhead:
@@ -507,9 +612,11 @@ class RenderProcess:
         self.unpicklable_store: str | None = None
         #: The latest write or delete fell back to the writer (see :attr:`delegates`).
         self.writing_here = False
-        #: The server thread of the child's connection, as the child last reported it
-        #: (None: no child, or it has not connected yet); see :meth:`interrupt`.
-        self.server_thread: int | None = None
+        #: The server threads of the child's connections, as the child last reported them
+        #: (empty: no child, or it has not connected yet); see :meth:`interrupt`.
+        self.server_threads: tuple[int, ...] = ()
+        #: The most connections a write request asked the running child for (0: none).
+        self._asked_connections = 0
         #: A write or delete request is with the child (from its send to its reply).
         self._store_call_in_flight = False
         #: A frame of the reply that :meth:`_take_connection` read before
@@ -619,12 +726,15 @@ class RenderProcess:
               json_of: Callable[[int, bytes], str | None],
               key_json: Callable[[bytes], str | None],
               between: Callable[[], None] | None = None,
-              value_max_bytes: int | None = None, stall_s: float | None = None) -> int:
+              value_max_bytes: int | None = None, stall_s: float | None = None,
+              connections: int = 1) -> int:
         """Write `rows` (without JSON, in (state, ukey) order) as `version` from the child
         (`state.backend.ndb.write.process`): slice by slice (:func:`slices_of`), the
-        child renders each slice as :func:`render_rows` does and writes it with
-        :meth:`StateStore.write_versions` on a connection of its own to `store`'s
-        database, fenced by `fence`, in the same transactions. While the child writes a
+        child renders each slice as :func:`render_rows` does and writes it in the
+        transactions of :meth:`StateStore.write_versions` on `connections` connections of
+        its own to `store`'s database at once (`write.process-connections`; each takes
+        the next transaction when it committed its last, :func:`write_batches`), each
+        transaction fenced by `fence`. While the child writes a
         slice, the next slice is taken from `rows` (a generator: the writer reads the
         epoch's next rows out of tiers 1-2 meanwhile, docs/protocol.md, "Writing off the
         GIL too") and sent once the child reported the previous one committed. Returns
@@ -646,6 +756,8 @@ class RenderProcess:
         :param stall_s: seconds a slice may take without a byte from the child (at least
             the store's retry deadline: the child retries as the store does; None:
             :data:`STALL_SECONDS`).
+        :param connections: connections the child writes on at once (at least 1; fewer
+            when the server refuses more for its connection limit).
         :raises FencedError: the branch no longer owns its key groups.
         :raises StoreUnavailableError: the child's retries are spent.
         :raises ValueTooLargeError: a key or value over its limit (nothing of its slice
@@ -667,7 +779,8 @@ class RenderProcess:
                         return {i: render_row(version, part[i], json_of, key_json)
                                 for i in indexes}
                     sent = self._store_send(
-                        ("write", store_bytes, fence, version, list(map(tuple, part)), states),
+                        ("write", store_bytes, fence, version, list(map(tuple, part)), states,
+                         connections),
                         between, number == 0, stall_s)
                     following = next(slices, None)  # read while the child writes `part`
                     done = None if not sent else self._store_finish(
@@ -742,7 +855,11 @@ class RenderProcess:
             self._require_child(start)
             self._store_call_in_flight = True
             self._send_frame(request, between)
-            self._take_connection(between, stall_s)
+            # A write that asks for more connections than this child was asked for
+            # before opens them first: wait for its report.
+            wanted = request[-1] if request[0] == "write" else 1
+            self._take_connection(between, stall_s, wanted > self._asked_connections)
+            self._asked_connections = max(self._asked_connections, wanted)
         except _CHILD_ERRORS as err:
             self._store_call_in_flight = False
             self._failed(err, "done")
@@ -753,23 +870,25 @@ class RenderProcess:
             raise
         return True
 
-    def _take_connection(self, between: Callable[[], None] | None, stall_s: float | None
-                         ) -> None:
-        """Read the child's report of its connection (`("connection", server_thread)`,
-        sent before any work whenever the connection is new) now rather than with the
-        reply: the writer reads the epoch's next slice while the request is in flight, and
-        :meth:`interrupt` needs the connection meanwhile. A child that has not reported
-        one yet (a new child) is waited for; otherwise only a frame already there is read.
-        Another frame read here is kept for :meth:`_store_finish`."""
+    def _take_connection(self, between: Callable[[], None] | None, stall_s: float | None,
+                         opening: bool) -> None:
+        """Read the child's report of its connections (`("connection", server_threads)`,
+        sent before any work whenever they change) now rather than with the reply: the
+        writer reads the epoch's next slice while the request is in flight, and
+        :meth:`interrupt` needs the connections meanwhile. A child that has not reported
+        one yet (a new child), or that is `opening` more connections for this request,
+        is waited for (its first frame: the report, or, when nothing changed, the reply);
+        otherwise only a frame already there is read. Another frame read here is kept for
+        :meth:`_store_finish`."""
         child = self._child
         assert child is not None and child.stdout is not None
-        if self.server_thread is not None and not select.select(
+        if self.server_threads and not opening and not select.select(
                 [child.stdout.fileno()], [], [], 0)[0]:
             return
         answer = self._receive_frame(between, stall_s)
-        server_thread = _connection_of(answer)
-        if server_thread is not None:
-            self.server_thread = server_thread
+        server_threads = _connection_of(answer)
+        if server_threads is not None:
+            self.server_threads = server_threads
         else:
             self._early_answer = (answer,)
 
@@ -790,9 +909,9 @@ class RenderProcess:
                 early, self._early_answer = self._early_answer, None
                 answer = early[0] if early is not None else \
                     self._receive_frame(between, stall_s)
-                server_thread = _connection_of(answer)
-                if server_thread is not None:
-                    self.server_thread = server_thread
+                server_threads = _connection_of(answer)
+                if server_threads is not None:
+                    self.server_threads = server_threads
                     answer = self._receive_frame(between, stall_s)
                 while (type(answer) is tuple and len(answer) == 2
                         and answer[0] == "undecodable" and literals is not None):
@@ -1001,12 +1120,13 @@ class RenderProcess:
         statement ends, and until then the statement holds its locks (a fenced write holds
         the owner row's shared lock, which the next attempt's claim waits for). Nothing
         when no request is in flight or the child has not reported its connection."""
-        server_thread = self.server_thread
-        if self._store_call_in_flight and server_thread is not None:
-            store.kill_statement(server_thread)
+        if self._store_call_in_flight:
+            for server_thread in self.server_threads:
+                store.kill_statement(server_thread)
 
     def _stop(self) -> None:
-        self.server_thread = None
+        self.server_threads = ()
+        self._asked_connections = 0
         self._early_answer = None
         child, self._child = self._child, None
         if child is None:
