@@ -83,22 +83,22 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "MySQL-protocol stores with `write.async` (ignored otherwise): render and "
                "write each checkpoint's rows from a Python process of its own per subtask "
                "(the render process of `write.render-process`, which then also executes "
-               "the statements, fenced, on a connection of its own), so that the "
+               "the statements, fenced, on connections of its own), so that the "
                "TaskManager's interpreter only collects the frozen rows and writes the "
                "snapshot row; records do not slow down while a checkpoint is written. "
                "`auto`: on where the TaskManager may use at least 2 CPUs (its affinity "
                "mask and its cgroup's CPU quota), off on 1; `true`: on; `false`: the "
-               "background thread renders and writes. Costs a process of 25-40 MiB and a "
-               "third database connection per subtask. A child that fails is replaced (3 "
-               "times at most); meanwhile the writer renders and writes itself. On implies "
-               "`write.render-process`."),
+               "background thread renders and writes. Costs a process of 25-40 MiB and "
+               "`write.process-connections` more database connections per subtask. A "
+               "child that fails is replaced (3 times at most); meanwhile the writer "
+               "renders and writes itself. On implies `write.render-process`."),
     OptionSpec("write.process-connections", "write_process_connections", 2,
                "With `write.process` on: database connections the write process writes "
                "each checkpoint's rows on at once, each taking the next transaction when "
                "it committed its last (garbage collection's deletes use the first). 1-16; "
-               "1: one connection, the transactions one after the other. A connection "
-               "the server refuses for its connection limit is logged and the writes go "
-               "on those open."),
+               "1: one connection, the transactions one after the other. A further "
+               "connection that fails to open is logged and tried again after 60 s; the "
+               "writes go on those open."),
     OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,
                "Bound (bytes, estimated: values + keys + 120 per entry) of the frozen "
                "checkpoints not yet written; a checkpoint that would exceed it waits in "

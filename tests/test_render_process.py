@@ -10,6 +10,7 @@ import pickle
 import signal
 import stat
 import sys
+import threading
 import time
 import tracemalloc
 import types
@@ -237,16 +238,21 @@ class _BatchConnection:
     """A stand-in for one of the write process's connections in :func:`write_batches`
     (the logic above the store; the real connections: tests/test_write_process.py): it
     records the batches it wrote, takes `seconds` for each, and raises `failure` at its
-    `fail_at`-th batch."""
+    `fail_at`-th batch; with `together`, its first batch waits until every connection
+    holds one (so each connection must have taken one)."""
 
     def __init__(self, seconds: float = 0.002, fail_at: int | None = None,
-                 failure: BaseException | None = None) -> None:
+                 failure: BaseException | None = None,
+                 together: threading.Barrier | None = None) -> None:
         self.seconds, self.fail_at, self.failure = seconds, fail_at, failure
+        self.together = together
         self.wrote: list[int] = []
 
     def write_batch(self, fence, batch: list[int]) -> int:
         if self.fail_at is not None and len(self.wrote) + 1 == self.fail_at:
             raise self.failure or RuntimeError("fail")
+        if self.together is not None and not self.wrote:
+            self.together.wait(timeout=10)
         time.sleep(self.seconds)
         self.wrote.append(batch[0])
         return len(batch)
@@ -262,27 +268,29 @@ def _numbered_batches(count: int, taken: list[int], fail_at: int | None = None
 
 
 def test_batches_go_to_every_connection_each_once() -> None:
-    connections = [_BatchConnection(), _BatchConnection(), _BatchConnection()]
+    """Each connection writes at once (the barrier breaks unless all three hold a batch
+    together), and every batch is written once."""
+    together = threading.Barrier(3)
+    connections = [_BatchConnection(together=together) for _ in range(3)]
     taken: list[int] = []
     written = write_batches(connections, None, _numbered_batches(60, taken))  # type: ignore
-    assert written == 180
+    assert written == 180 and not together.broken
     assert sorted(chain.from_iterable(c.wrote for c in connections)) == list(range(60))
-    assert all(c.wrote for c in connections)  # each connection took some
-    for connection in connections:  # each takes the next batch when it is done
-        assert connection.wrote == sorted(connection.wrote)
 
 
-def test_a_failed_write_stops_the_other_connections_taking_batches() -> None:
+@pytest.mark.parametrize("failing", [0, 1])  # the caller's thread, a thread of its own
+def test_a_failed_write_stops_the_other_connections_taking_batches(failing: int) -> None:
     fenced = FencedError("a newer attempt claimed the key groups")
-    connections = [_BatchConnection(fail_at=3, failure=fenced),
-                   _BatchConnection(seconds=0.01)]
+    connections = [_BatchConnection(seconds=0.01), _BatchConnection(seconds=0.01)]
+    connections[failing] = _BatchConnection(fail_at=3, failure=fenced)
+    other = connections[1 - failing]
     taken: list[int] = []
     with pytest.raises(FencedError):
         write_batches(connections, None, _numbered_batches(60, taken))  # type: ignore
     # The failing connection took its 3rd batch; the other one finished what it held.
     assert len(taken) < 10
-    assert len(connections[0].wrote) == 2
-    assert len(taken) == 2 + 1 + len(connections[1].wrote)
+    assert len(connections[failing].wrote) == 2
+    assert len(taken) == 2 + 1 + len(other.wrote)
 
 
 def test_a_failure_taking_a_batch_is_raised_after_the_batches_held_are_written() -> None:

@@ -19,7 +19,14 @@ from conftest import drop_namespace, mysql_connect, unique_namespace
 from pyflink.common import Types
 from pyflink.datastream.state import ValueStateDescriptor
 from tcp_proxy import TcpProxy, proxied_mysql_url
-from test_render_process import _fill, _options, _rows, _run, namespaces  # noqa: F401
+from test_render_process import (  # noqa: F401
+    _class_only_here,
+    _fill,
+    _options,
+    _rows,
+    _run,
+    namespaces,
+)
 
 from pyflink_ndb.checkpoint.writer import WRITER_PACE, WRITER_PACE_WITH_PROCESS
 from pyflink_ndb.config import NdbStateOptions
@@ -392,6 +399,59 @@ def test_a_cancel_has_the_server_end_the_childs_statement(
     assert _restored_value(mysql_url, sub, tmp_path, 1, keys) == {k: "one" for k in keys}
 
 
+def test_a_reconnect_of_a_childs_connection_mid_write_is_reported_and_killed_at_a_cancel(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    """Both of the child's connections wait in the server (for the owner row's lock); one
+    of them is killed by the server (a network fault would do the same), retries on a new
+    connection, and waits again: the child reports the new connection at once, not with
+    the next request (found by a review), so the cancel has the server end the statement
+    of the new connection too."""
+    options = dataclasses.replace(_process_options(mysql_url, namespaces), write_batch_rows=10)
+    keys = [f"k{i}" for i in range(50)]
+    sub, value = _checkpointed(options, tmp_path / "s", keys)
+    process = sub.backend.protocol.render_process
+    assert process is not None and len(process.server_threads) == 2
+    first = process.server_threads
+    holder = mysql_connect(mysql_url)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SET SESSION innodb_lock_wait_timeout = 30")
+            cur.execute("BEGIN")
+            cur.execute(f"SELECT owners FROM {options.namespace}_operators FOR UPDATE")
+
+        def waiting(threads: tuple[int, ...]) -> int:
+            with holder.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE id IN "
+                            f"({', '.join(['%s'] * len(threads))}) AND info IS NOT NULL",
+                            threads)
+                return int(cur.fetchone()[0])
+
+        def until(condition: Callable[[], bool], seconds: float = 10) -> bool:
+            deadline = time.monotonic() + seconds
+            while not condition() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return condition()
+
+        for key in keys:
+            sub.key(key)
+            value.update("two")
+        sub.snapshot(2, durable=False)
+        assert until(lambda: waiting(first) == 2), "the child's statements did not wait"
+        with holder.cursor() as cur:
+            cur.execute("KILL CONNECTION %s", (first[1],))
+        assert until(lambda: len(set(process.server_threads) - set(first)) == 1), \
+            "the reconnected connection was not reported while the write was in flight"
+        now = process.server_threads
+        assert until(lambda: waiting(now) == 2), "the retried statement did not wait again"
+        sub.crash()
+        assert until(lambda: waiting(now) == 0, 3), \
+            "a statement ran on in the server after the cancel"
+    finally:
+        holder.rollback()
+        holder.close()
+    assert _restored_value(mysql_url, sub, tmp_path, 1, keys) == {k: "one" for k in keys}
+
+
 def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_everything(
         mysql_url: str, tmp_path: Path) -> None:
     with _proxied_namespace(mysql_url) as (proxy, url, ns):
@@ -455,9 +515,12 @@ def test_an_epoch_on_three_connections_commits_every_row(
         mysql_url: str, tmp_path: Path, namespaces: list[str],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`write.process-connections: 3` with transactions of 4 rows: the child reports three
-    connections, and each checkpoint restores every key's value of that checkpoint."""
+    connections, and each checkpoint restores every key's value of that checkpoint; every
+    seventh value is one the child cannot unpickle (it asks the writer for it from
+    whichever connection's thread takes that batch)."""
     import pyflink_ndb.stores.render_process as render_process
 
+    Tags = _class_only_here(monkeypatch, "pfn_three_connections", "Tags")
     monkeypatch.setattr(render_process, "SLICE_ROWS", 16)
     ns = unique_namespace("wp")
     namespaces.append(ns)
@@ -466,18 +529,22 @@ def test_an_epoch_on_three_connections_commits_every_row(
     sub = LocalSubtask(open_store(options), options, local_dir=str(tmp_path / "s"))
     value = _value(sub)
     keys = [f"k{i}" for i in range(100)]
+    def value_of(checkpoint_id: int, i: int) -> object:
+        return Tags([checkpoint_id, i]) if i % 7 == 0 else (checkpoint_id, i)
+
     for checkpoint_id in (1, 2):
-        for key in keys:
+        for i, key in enumerate(keys):
             sub.key(key)
-            value.update((checkpoint_id, key))
+            value.update(value_of(checkpoint_id, i))
         sub.checkpoint(checkpoint_id)
     process = sub.backend.protocol.render_process
     assert process is not None and process.written_epochs == 2 and process.fallbacks == 0
     assert len(set(process.server_threads)) == 3
     sub.close()
     for checkpoint_id in (1, 2):
-        assert _restored_value(mysql_url, sub, tmp_path, checkpoint_id, keys) == {
-            k: (checkpoint_id, k) for k in keys}
+        restored = _restored_value(mysql_url, sub, tmp_path, checkpoint_id, keys)
+        assert restored == {k: value_of(checkpoint_id, i) for i, k in enumerate(keys)}
+        assert all(type(restored[k]) is Tags for k in keys[::7])
 
 
 def test_a_further_connection_refused_by_the_limit_leaves_the_writes_on_those_open(
@@ -504,7 +571,7 @@ def test_a_further_connection_refused_by_the_limit_leaves_the_writes_on_those_op
         assert process.written_epochs == 3 and process.fallbacks == 0
         assert len(process.server_threads) == 1
         assert sub.backend.protocol.epochs_failed == 0
-        assert caplog.text.count("refused a further connection") == 1
+        assert caplog.text.count("a further connection failed to open") == 1
         sub.close()
         proxy.limit_connections(None)
         assert _restored_value(url, sub, tmp_path, 3, keys) == {k: 3 for k in keys}

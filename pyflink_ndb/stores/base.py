@@ -252,6 +252,9 @@ class StateStore(ABC):
         #: counted: pyflink_ndb.stores.ndb).
         self.delete_limit_rows = min(write_batch_rows * 10, max_rows_per_delete(CHUNK_BYTES))
         self.retries = 0
+        #: Called after each reconnect inside a retry (the write process reports its
+        #: connections to the writer, :mod:`render_process`); None: nothing.
+        self.on_reconnect: Callable[[], None] | None = None
         self.t_state = f"{namespace}_state"
         self.t_branches = f"{namespace}_branches"
         self.t_snapshots = f"{namespace}_snapshots"
@@ -407,6 +410,7 @@ class StateStore(ABC):
         state["_conn"] = None
         state["_closed"] = True
         state["retries"] = 0
+        state["on_reconnect"] = None
         return state
 
     def connect(self) -> None:
@@ -506,6 +510,8 @@ class StateStore(ABC):
             with contextlib.suppress(Exception):
                 old.close()
         self._conn = self._connect()
+        if self.on_reconnect is not None:
+            self.on_reconnect()
 
     def _sql(self, text: str) -> str:
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -556,6 +562,8 @@ class StateStore(ABC):
                 raise closed()
             if self._conn is None:  # a reconnect failed when the last retries ran out
                 self._conn = self._connect()
+                if self.on_reconnect is not None:
+                    self.on_reconnect()
             return unit()
 
         def recover() -> None:

@@ -103,6 +103,9 @@ RENDER_AHEAD_ROWS = 100
 #: thread, back from the database, waits at most this long for the interpreter lock while
 #: the render thread renders (several times per transaction: send, fence check, commit).
 CHILD_SWITCH_INTERVAL_S = 0.0005
+#: Seconds after a further connection of the write process failed to open before it is tried
+#: again (the writes go on the connections open meanwhile).
+REOPEN_AFTER_S = 60.0
 #: Bytes of a widened pipe to or from the child (:func:`_widen_pipes`), where allowed: the
 #: default /proc/sys/fs/pipe-max-size. A widened pipe counts against the user's
 #: `pipe-user-pages-soft` (64 MiB by default, for every process of that user), so only the
@@ -263,11 +266,13 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
         (size,) = _HEADER.unpack(header)
         return pickle.loads(requests.read(size))
 
+    replying = threading.Lock()  # a reconnect's report may come from a writing thread
+
     def reply(message: object) -> None:
         frame = pickle.dumps(message, protocol=5)
-        replies.write(_HEADER.pack(len(frame)))
-        replies.write(frame)
-        replies.flush()
+        with replying:
+            replies.write(_HEADER.pack(len(frame)) + frame)
+            replies.flush()
 
     while (request := read()) is not None:
         if request[0] == "render":
@@ -321,13 +326,12 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
     cannot unpickle is asked for when the writes reach the first of them (with every
     other one rendered by then): the reply `("undecodable", indexes)` is answered by a
     request `("literals", {index: rendered})`, rendered by the writer. A delete runs
-    :meth:`StateStore.delete_exact`. Before the work, a reply `("connection",
-    server_threads)` names the child's connections on the server whenever they change
-    (the first request, a new connection, a reconnect between requests): the writer's
-    close has the server end their statements (`KILL QUERY`,
-    :meth:`RenderProcess.interrupt`). A reconnect inside one request's retries is not
-    reported until the next request. A further connection that the server refuses for
-    its connection limit is logged, and the writes go on the connections open
+    :meth:`StateStore.delete_exact`. A reply `("connection", server_threads)` names the
+    child's connections on the server whenever they change: before the work (the first
+    request, a new connection) and at once after a reconnect inside a statement's
+    retries (:class:`_Connections`); the writer's close has the server end their
+    statements (`KILL QUERY`, :meth:`RenderProcess.interrupt`). A further connection
+    that fails to open is logged, and the writes go on the connections open
     (:meth:`_Connections.open_more`).
 
     :returns: the final reply without its log lines (:func:`serve` adds them),
@@ -343,19 +347,15 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
                 old.close()
             stores.clear()
             try:
-                connections = _Connections(store_bytes)
+                connections = _Connections(store_bytes, reply)
             except StoreUnavailableError as err:
                 if _connection_limit(err):  # the writer's own connection may still work
                     return ("error", "failed", f"its connection was refused: {err}")
                 raise
             stores[store_bytes] = connections
-        if kind == "write":
-            connections.open_more(args[3])
         # The writer's close has the server end these connections' statements (KILL
         # QUERY) when it stops this child mid-request: tell it which connections they are.
-        server_threads = connections.new_server_threads()
-        if server_threads is not None:
-            reply(("connection", server_threads))
+        connections.open_more(args[3] if kind == "write" else 1)
         before = connections.retries()
         store = connections.stores[0]
         if kind == "delete":
@@ -390,48 +390,55 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
 class _Connections:
     """The write process's connections to one store (the writer's, unpickled: each a
     store of its own): the first for deletes and writes, the others for writes only
-    (`write.process-connections`).
+    (`write.process-connections`). Whenever a connection's server thread changes (a new
+    connection, a reconnect inside a statement's retries) the connections are reported
+    to the writer at once with `report` (thread-safe), so that its close can end each
+    one's statement (:meth:`RenderProcess.interrupt`).
 
     :raises StoreUnavailableError: the first connection failed (as
         :meth:`StateStore.connect`)."""
 
-    def __init__(self, store_bytes: bytes) -> None:
+    def __init__(self, store_bytes: bytes, report: Callable[[object], None]) -> None:
         self._store_bytes = store_bytes
-        self.stores = [self._connected()]
-        #: The server threads last reported to the writer (:meth:`new_server_threads`).
+        self._report = report
+        self._lock = threading.Lock()
+        #: The server threads last reported to the writer.
         self._reported: tuple[int, ...] = ()
-        #: The server refused a further connection for its connection limit: no more are
-        #: asked for (the writes go on those open).
-        self._refused = False
+        #: When a further connection may be tried again after one failed to open
+        #: (time.monotonic(); 0: any time).
+        self._retry_at = 0.0
+        self.stores = [self._connected()]
 
     def _connected(self) -> StateStore:
         store: StateStore = pickle.loads(self._store_bytes)
         store.connect()
+        store.on_reconnect = self.report_changes
         return store
 
     def open_more(self, wanted: int) -> None:
-        """Open connections until there are `wanted`; one that the server refuses for its
-        connection limit is logged once, and no more are asked for.
-
-        :raises StoreUnavailableError: the server cannot be reached."""
-        while len(self.stores) < wanted and not self._refused:
+        """Open connections until there are `wanted`. A further connection that fails to
+        open (the server's connection limit, a host it blocks, a handshake it drops) is
+        logged and the writes go on those open; it is tried again after
+        :data:`REOPEN_AFTER_S` (the first connection's failures are the request's)."""
+        while len(self.stores) < wanted and time.monotonic() >= self._retry_at:
             try:
                 self.stores.append(self._connected())
             except StoreUnavailableError as err:
-                if not _connection_limit(err):
-                    raise
-                self._refused = True
-                log.warning("the server refused a further connection (%s): the writes go "
-                            "on %d connection(s)", err, len(self.stores))
+                self._retry_at = time.monotonic() + REOPEN_AFTER_S
+                log.warning("a further connection failed to open (%s): the writes go on %d "
+                            "connection(s); it is tried again in %.0f s", err,
+                            len(self.stores), REOPEN_AFTER_S)
+        self.report_changes()
 
-    def new_server_threads(self) -> tuple[int, ...] | None:
-        """The server threads of the connections when they changed since the last call
-        (a new connection, a reconnect), else None."""
-        threads = tuple(t for t in (s.server_thread() for s in self.stores) if t is not None)
-        if not threads or threads == self._reported:
-            return None
-        self._reported = threads
-        return threads
+    def report_changes(self) -> None:
+        """Report the connections' server threads to the writer when they changed since
+        the last report (a new connection, a reconnect; from any thread)."""
+        with self._lock:
+            threads = tuple(t for t in (s.server_thread() for s in self.stores)
+                            if t is not None)
+            if threads and threads != self._reported:
+                self._reported = threads
+                self._report(("connection", threads))
 
     def retries(self) -> int:
         """The retries of every connection so far."""
@@ -447,8 +454,9 @@ def write_batches(stores: Sequence[StateStore], fence: Fence,
     """Write `batches` (:meth:`StateStore.version_batches`), fenced, each in a transaction
     of its own, on the connections of `stores` at once: each connection takes the next
     batch once it has committed its last (`write.process-connections`; the batches hold
-    distinct primary keys, so the connections wait for no row lock of each other's, only
-    share the owner row's shared lock of the fence). Returns the rows written, once every
+    distinct primary keys and share the owner row's shared lock of the fence; a lock wait
+    or deadlock between them, as when rows that exist are written again, is retried as
+    any). Returns the rows written, once every
     batch taken is committed. The first failure (of a write, or of taking a batch: a
     rendering error, an oversized row) stops the others taking more and is raised once
     they have finished the batch they hold.
@@ -899,7 +907,9 @@ class RenderProcess:
         """The reply to the request in flight (:meth:`_store_send`): the rows the child
         wrote or deleted; None when the child failed (it is stopped and logged: the
         caller does the work itself). Answers each of the child's questions for
-        undecodable rows (of the `rows` rows sent) with `literals(indexes)`.
+        undecodable rows (of the `rows` rows sent) with `literals(indexes)`, and takes
+        each report of its connections (:attr:`server_threads`) that comes before the
+        reply.
 
         :raises FencedError, StoreUnavailableError, ValueTooLargeError: as the child
             reported them.
@@ -909,17 +919,20 @@ class RenderProcess:
                 early, self._early_answer = self._early_answer, None
                 answer = early[0] if early is not None else \
                     self._receive_frame(between, stall_s)
-                server_threads = _connection_of(answer)
-                if server_threads is not None:
-                    self.server_threads = server_threads
-                    answer = self._receive_frame(between, stall_s)
-                while (type(answer) is tuple and len(answer) == 2
-                        and answer[0] == "undecodable" and literals is not None):
-                    indexes = answer[1]
-                    if not (type(indexes) is list
-                            and all(type(i) is int and 0 <= i < rows for i in indexes)):
-                        raise RenderProcessError("it asked for rows that are not in the slice")
-                    self._send_frame(("literals", literals(indexes)), between)
+                while True:  # reports of its connections and questions, then the reply
+                    server_threads = _connection_of(answer)
+                    if server_threads is not None:
+                        self.server_threads = server_threads
+                    elif (type(answer) is tuple and len(answer) == 2
+                            and answer[0] == "undecodable" and literals is not None):
+                        indexes = answer[1]
+                        if not (type(indexes) is list
+                                and all(type(i) is int and 0 <= i < rows for i in indexes)):
+                            raise RenderProcessError(
+                                "it asked for rows that are not in the slice")
+                        self._send_frame(("literals", literals(indexes)), between)
+                    else:
+                        break
                     answer = self._receive_frame(between, stall_s)
             except BaseException:
                 self._stop()  # cancelled or failed mid-request: its reply would be stale
