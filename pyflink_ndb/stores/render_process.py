@@ -250,7 +250,8 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """The child's loop: answer each request frame with a reply frame until the input
     closes. A request is `("render", version, rows, renderers)` (reply: `(rendered,
     undecodable)`, see :func:`render_rows`), `("write", store, fence, version, rows,
-    renderers, connections)` or `("delete", store, fence, deletions)` (see :func:`_serve_store`)."""
+    renderers, connections)` or `("delete", store, fence, deletions)` (see
+    :func:`_serve_store`)."""
     sys.setswitchinterval(CHILD_SWITCH_INTERVAL_S)
     logs = _LogLines()
     root = logging.getLogger()
@@ -456,10 +457,9 @@ def write_batches(stores: Sequence[StateStore], fence: Fence,
     batch once it has committed its last (`write.process-connections`; the batches hold
     distinct primary keys and share the owner row's shared lock of the fence; a lock wait
     or deadlock between them, as when rows that exist are written again, is retried as
-    any). Returns the rows written, once every
-    batch taken is committed. The first failure (of a write, or of taking a batch: a
-    rendering error, an oversized row) stops the others taking more and is raised once
-    they have finished the batch they hold.
+    any). Returns the rows written, once every batch taken is committed. The first
+    failure (of a write, or of taking a batch: a rendering error, an oversized row) stops
+    the others taking more and is raised once they have finished the batch they hold.
 
     :raises FencedError, StoreUnavailableError, ValueTooLargeError: as
         :meth:`StateStore.write_versions`."""
@@ -765,7 +765,7 @@ class RenderProcess:
             the store's retry deadline: the child retries as the store does; None:
             :data:`STALL_SECONDS`).
         :param connections: connections the child writes on at once (at least 1; fewer
-            when the server refuses more for its connection limit).
+            while a further one fails to open, :class:`_Connections`).
         :raises FencedError: the branch no longer owns its key groups.
         :raises StoreUnavailableError: the child's retries are spent.
         :raises ValueTooLargeError: a key or value over its limit (nothing of its slice
@@ -1125,14 +1125,14 @@ class RenderProcess:
         return False
 
     def interrupt(self, store: StateStore) -> None:
-        """End the statement the child runs for a write or delete in flight: the server
-        ends it (`KILL QUERY` of the child's connection, through `store`'s
+        """End the statements the child runs for a write or delete in flight: the server
+        ends them (`KILL QUERY` of each of the child's connections, through `store`'s
         :meth:`~StateStore.kill_statement`, which returns at once). For the writer's close
         (:meth:`BackgroundWriter.close <pyflink_ndb.checkpoint.writer.BackgroundWriter.close>`),
         which then stops the child: the server notices a killed client only once its
         statement ends, and until then the statement holds its locks (a fenced write holds
         the owner row's shared lock, which the next attempt's claim waits for). Nothing
-        when no request is in flight or the child has not reported its connection."""
+        when no request is in flight or the child has not reported its connections."""
         if self._store_call_in_flight:
             for server_thread in self.server_threads:
                 store.kill_statement(server_thread)
