@@ -352,61 +352,26 @@ def test_a_close_while_a_stopped_child_holds_the_write_leaves_no_visible_epoch(
         _restored_value(mysql_url, sub, tmp_path, 2, keys)
 
 
-def test_a_cancel_has_the_server_end_the_childs_statement(
-        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
-    """The child's write waits in the server (here for the owner row's lock, which another
-    session holds; a cold read or a large batch would do the same) when the subtask is
-    cancelled: the close has the server end that statement (KILL QUERY of the child's
-    connection, which the child reported), instead of leaving it to run on with its
-    locks after the child is killed (the server notices a killed client only when its
-    statement ends; the next attempt's claim would wait for its shared lock)."""
-    # Transactions of 10 rows: both of the child's connections take one and wait.
-    options = dataclasses.replace(_process_options(mysql_url, namespaces), write_batch_rows=10)
-    keys = [f"k{i}" for i in range(50)]
-    sub, value = _checkpointed(options, tmp_path / "s", keys)
-    process = sub.backend.protocol.render_process
-    assert process is not None and len(process.server_threads) == 2
-    child_threads = process.server_threads
-    holder = mysql_connect(mysql_url)
-    try:
-        with holder.cursor() as cur:
-            cur.execute("SET SESSION innodb_lock_wait_timeout = 30")
-            cur.execute("BEGIN")
-            cur.execute(f"SELECT owners FROM {options.namespace}_operators FOR UPDATE")
-
-        def waiting() -> int:
-            with holder.cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM information_schema.processlist "
-                            "WHERE id IN (%s, %s) AND info IS NOT NULL", child_threads)
-                return int(cur.fetchone()[0])
-
-        for key in keys:
-            sub.key(key)
-            value.update("two")
-        sub.snapshot(2, durable=False)  # the child's fence check waits for the lock
-        deadline = time.monotonic() + 10
-        while waiting() < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert waiting() == 2, "the child's statements did not reach the server"
-        sub.crash()
-        deadline = time.monotonic() + 3
-        while waiting() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not waiting(), "the child's statement ran on in the server after the cancel"
-    finally:
-        holder.rollback()
-        holder.close()
-    assert _restored_value(mysql_url, sub, tmp_path, 1, keys) == {k: "one" for k in keys}
+def _until(condition: Callable[[], bool], seconds: float = 10) -> bool:
+    """Poll `condition` every 20 ms for up to `seconds`; its last value."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
 
 
-def test_a_reconnect_of_a_childs_connection_mid_write_is_reported_and_killed_at_a_cancel(
-        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
-    """Both of the child's connections wait in the server (for the owner row's lock); one
-    of them is killed by the server (a network fault would do the same), retries on a new
-    connection, and waits again: the child reports the new connection at once, not with
-    the next request (found by a review), so the cancel has the server end the statement
-    of the new connection too."""
-    options = dataclasses.replace(_process_options(mysql_url, namespaces), write_batch_rows=10)
+@contextlib.contextmanager
+def _child_writes_waiting(mysql_url: str, made: list[str], tmp_path: Path
+                          ) -> Iterator[tuple[LocalSubtask, RenderProcess,
+                                              Callable[[tuple[int, ...]], int]]]:
+    """A subtask whose checkpoint 1 holds "one" for 50 keys (transactions of 10 rows)
+    while another session holds the owner row's lock: checkpoint 2 ("two" for every key)
+    is snapshotted, and both of the child's connections wait in the server for that lock
+    (a cold read or a large batch would wait the same). Yields (the subtask, its write
+    process, waiting(server threads): how many of them run a statement). On leaving, the
+    session rolls back, and checkpoint 1 must still restore "one" for every key. `made`:
+    the namespaces the test drops (the new one is added)."""
+    options = dataclasses.replace(_process_options(mysql_url, made), write_batch_rows=10)
     keys = [f"k{i}" for i in range(50)]
     sub, value = _checkpointed(options, tmp_path / "s", keys)
     process = sub.backend.protocol.render_process
@@ -426,30 +391,55 @@ def test_a_reconnect_of_a_childs_connection_mid_write_is_reported_and_killed_at_
                             threads)
                 return int(cur.fetchone()[0])
 
-        def until(condition: Callable[[], bool], seconds: float = 10) -> bool:
-            deadline = time.monotonic() + seconds
-            while not condition() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            return condition()
-
         for key in keys:
             sub.key(key)
             value.update("two")
-        sub.snapshot(2, durable=False)
-        assert until(lambda: waiting(first) == 2), "the child's statements did not wait"
-        with holder.cursor() as cur:
-            cur.execute("KILL CONNECTION %s", (first[1],))
-        assert until(lambda: len(set(process.server_threads) - set(first)) == 1), \
-            "the reconnected connection was not reported while the write was in flight"
-        now = process.server_threads
-        assert until(lambda: waiting(now) == 2), "the retried statement did not wait again"
-        sub.crash()
-        assert until(lambda: waiting(now) == 0, 3), \
-            "a statement ran on in the server after the cancel"
+        sub.snapshot(2, durable=False)  # the child's fence checks wait for the lock
+        assert _until(lambda: waiting(first) == 2), \
+            "the child's statements did not reach the server"
+        yield sub, process, waiting
     finally:
         holder.rollback()
         holder.close()
     assert _restored_value(mysql_url, sub, tmp_path, 1, keys) == {k: "one" for k in keys}
+
+
+def test_a_cancel_has_the_server_end_the_childs_statement(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    """The child's writes wait in the server when the subtask is cancelled: the close has
+    the server end those statements (KILL QUERY of each of the child's connections,
+    which the child reported), instead of leaving them to run on with their locks after
+    the child is killed (the server notices a killed client only when its statement
+    ends; the next attempt's claim would wait for its shared lock)."""
+    with _child_writes_waiting(mysql_url, namespaces, tmp_path) as (sub, process, waiting):
+        child_threads = process.server_threads
+        sub.crash()
+        assert _until(lambda: not waiting(child_threads), 3), \
+            "the child's statement ran on in the server after the cancel"
+
+
+def test_a_reconnect_of_a_childs_connection_mid_write_is_reported_and_killed_at_a_cancel(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    """Both of the child's connections wait in the server (for the owner row's lock); one
+    of them is killed by the server (a network fault would do the same), retries on a new
+    connection, and waits again: the child reports the new connection at once, not with
+    the next request (found by a review), so the cancel has the server end the statement
+    of the new connection too."""
+    with _child_writes_waiting(mysql_url, namespaces, tmp_path) as (sub, process, waiting):
+        first = process.server_threads
+        killer = mysql_connect(mysql_url)
+        try:
+            with killer.cursor() as cur:
+                cur.execute("KILL CONNECTION %s", (first[1],))
+        finally:
+            killer.close()
+        assert _until(lambda: len(set(process.server_threads) - set(first)) == 1), \
+            "the reconnected connection was not reported while the write was in flight"
+        now = process.server_threads
+        assert _until(lambda: waiting(now) == 2), "the retried statement did not wait again"
+        sub.crash()
+        assert _until(lambda: waiting(now) == 0, 3), \
+            "a statement ran on in the server after the cancel"
 
 
 def test_an_unreachable_database_fails_the_checkpoint_and_the_next_one_has_everything(

@@ -509,6 +509,10 @@ class StateStore(ABC):
         if old is not None:
             with contextlib.suppress(Exception):
                 old.close()
+        self._connect_again()
+
+    def _connect_again(self) -> None:
+        """A new connection for the retries of :meth:`_retry`, then :attr:`on_reconnect`."""
         self._conn = self._connect()
         if self.on_reconnect is not None:
             self.on_reconnect()
@@ -561,9 +565,7 @@ class StateStore(ABC):
             if self._closed:  # interrupted (closed) between two tries: no next one
                 raise closed()
             if self._conn is None:  # a reconnect failed when the last retries ran out
-                self._conn = self._connect()
-                if self.on_reconnect is not None:
-                    self.on_reconnect()
+                self._connect_again()
             return unit()
 
         def recover() -> None:
