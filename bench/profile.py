@@ -518,6 +518,10 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
         out.update(durations,
                    start_delay_median_ms=statistics.median(
                        s["start_delay_ms"] or 0 for c in checkpoints for s in c["subtasks"]),
+                   alignment_median_ms=statistics.median(
+                       s.get("alignment_ms") or 0 for c in checkpoints for s in c["subtasks"]),
+                   subtask_e2e_median_ms=statistics.median(
+                       s["end_to_end_ms"] for c in checkpoints for s in c["subtasks"]),
                    checkpointed_size_median=statistics.median(
                        c["checkpointed_size"] for c in checkpoints),
                    state_size_max=max(c["state_size"] for c in checkpoints))
@@ -699,24 +703,28 @@ def markdown(r: dict[str, Any]) -> list[str]:
              f"faster RocksDB configuration ({best}). Durations from Flink's REST API, per "
              "subtask of the keyed vertex (start delay, sync, async) and per checkpoint "
              "(end to end); start delay: trigger until the subtask had the barrier (aligned "
-             "checkpoints: the records in flight ahead of it, under back-pressure). Failed: "
+             "checkpoints: the records in flight ahead of it, under back-pressure); "
+             "alignment: its first barrier until its last; a subtask's end to end: trigger "
+             "until its acknowledgement (the checkpoint's is the latest subtask's). Failed: "
              "checkpoints triggered after the first record that failed."
              + ("" if not r.get("flink_conf") else " Variant: Flink configuration "
                 + ", ".join(f"`{k}: {v}`" for k, v in r["flink_conf"].items()) + "."), "",
              "| backend | records/s | × best RocksDB | worst / best second | users seen "
              "| checkpoints completed (failed) | end-to-end ms median / max | barrier start "
-             "delay ms median | sync ms median / max | async ms median | checkpointed size "
+             "delay ms median | alignment ms median | sync ms median / max | async ms median "
+             "| subtask end to end ms median | checkpointed size "
              "median | JVM peak RSS MiB | RSS before submit MiB | CPUs: JVM + write processes + "
              "database server (CPU µs per record; Flink's backends: without the database) "
              "| load avg before / after |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+             "|---:|"]
     for run in r["runs"].values():
         load = ("–" if "loadavg_before" not in run else
                 f"{run['loadavg_before'][0]:.2f} / {run['loadavg_after'][0]:.2f}"
                 + (f" (max {run['loadavg_max']:.2f})" if "loadavg_max" in run else ""))
         if "error" in run:
             lines.append(f"| {run['label']} | failed: {run['error'][:120]} | | | | | | | | "
-                         f"| | | | | {load} |")
+                         f"| | | | | | | {load} |")
             continue
 
         def f(name: str, fmt: str = "{:,.0f}", run: dict = run) -> str:
@@ -728,8 +736,9 @@ def markdown(r: dict[str, Any]) -> list[str]:
             f"| {f('min_second')} / {f('max_second')} | {run['users_seen']:,} "
             f"| {len(run['checkpoints'])} ({len(run['failed'])}) "
             f"| {f('e2e_median_ms')} / {f('e2e_max_ms')} | {f('start_delay_median_ms')} "
+            f"| {f('alignment_median_ms')} "
             f"| {f('sync_median_ms', '{:,.1f}')} / {f('sync_max_ms')} "
-            f"| {f('async_median_ms')} "
+            f"| {f('async_median_ms')} | {f('subtask_e2e_median_ms')} "
             f"| {size} "
             f"| {_mib(run['java_hwm_kb'])} | {_mib(run['rss_before_submit_kb'])} "
             f"| {_cpus(run)} | {load} |")

@@ -6,7 +6,8 @@ Figures (see README, "Benchmarks"):
 1. records/s of the flight-delays job (uniform keys: the tail numbers; Zipf keys: each
    flight re-keyed to one of 50,000 synthetic keys, s=1.1, fixed seed), from the job's
    net runtime, RocksDB with full and with incremental checkpoints, and each run's
-   checkpoints (count, end-to-end, sync and async ms) from Flink's REST API;
+   checkpoints (count, end-to-end, sync and async ms) from Flink's REST API; each backend
+   and round in a JVM of its own, whose peak resident set is reported;
 2. recovery: time from submitting a job that restores a stop-with-savepoint of N keys until
    its first record is processed (RocksDB vs pyflink-ndb on MariaDB, lazy restore);
 3. checkpoint pause (`--only snapshot` or `checkpoint-pause`): the synchronous pause
@@ -255,34 +256,102 @@ def run_flights(kind: str, csv: Path, dist: str, mysql_url: str, parallelism: in
     return {"net_s": net_s, "wall_s": time.monotonic() - started, **poller.summary()}
 
 
+def run_flights_backend(kind: str, jobs: list[list[str]], mysql_url: str, parallelism: int,
+                        warmup_csv: str) -> dict[str, Any]:
+    """Part 1 on one backend in this process's own JVM (see :func:`child`): an untimed
+    warm-up job on `warmup_csv` (the JVM's JIT, the Python worker), then the timed job on
+    each `[dist, csv path]` of `jobs`, one after the other.
+
+    :returns: `{"runs": {dist: run}, "java_hwm_kb": int | None}`, each run the figures of
+        :func:`run_flights` plus `java_peak_kb`, the JVM's peak resident set while that job
+        ran (VmRSS sampled every 0.25 s; None: no sample); `java_hwm_kb`: the JVM's VmHWM
+        at the end, its peak over the whole process (warm-up and every job; None: not
+        readable).
+    """
+    from bench.profile import RssSampler, java_pid, proc_status_kb
+
+    run_flights(kind, Path(warmup_csv), "warmup", mysql_url, parallelism)
+    jvm = java_pid()
+    sampler = RssSampler(jvm)
+    sampler.start()
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        for dist, csv in jobs:
+            since = time.time()
+            run = run_flights(kind, Path(csv), dist, mysql_url, parallelism)
+            run["java_peak_kb"] = sampler.peak_kb(since, time.time())
+            runs[dist] = run
+    finally:
+        sampler.stopped.set()
+    return {"runs": runs, "java_hwm_kb": proc_status_kb(jvm, "VmHWM")}
+
+
+def child() -> None:
+    """Entry point of part 1's process per backend and round: `python -c "from bench.run
+    import child; child()" '<json arguments>'` (:func:`bench.profile.run_child`), hence a
+    JVM of the backend's own, whose peak memory is that backend's alone. The arguments are
+    those of :func:`run_flights_backend` plus `prefix` (:data:`NAMESPACE_PREFIX`) and
+    `result`, the file the result is written to."""
+    args = json.loads(sys.argv[1])
+    result_path = Path(args.pop("result"))
+    NAMESPACE_PREFIX[0] = args.pop("prefix")
+    result_path.write_text(json.dumps(run_flights_backend(**args)))
+
+
 def bench_throughput(limit: int | None, mysql_url: str, parallelism: int,
                      repeat: int) -> dict:
+    """Part 1: the flight job, uniform and Zipf keys, on every backend of :data:`BACKENDS`,
+    `repeat` rounds (the backends' order rotates between rounds), each backend and round
+    in a Python process and JVM of its own (:func:`child`); medians over the rounds.
+
+    :raises RuntimeError: a backend's process failed (its log is named)."""
+    from bench.profile import run_child
+
     uniform = flights_csv(limit)
     zipf, zipf_info = zipf_csv(uniform)
+    warmup = flights_csv(5_000)
     out: dict[str, Any] = {"zipf": zipf_info, "runs": {}}
-    log("throughput: an untimed warm-up job (JVM, Python worker)")
-    run_flights("hashmap", flights_csv(5_000), "warmup", mysql_url, parallelism)
-    for dist, csv in (("uniform", uniform), ("zipf", zipf)):
+    dists = (("uniform", uniform), ("zipf", zipf))
+    for dist, csv in dists:
         out[f"{dist}_records"] = sum(1 for _ in departed_flights(csv))
         out[f"{dist}_keys"] = len({f[0] for f in departed_flights(csv)})
     runs: dict[str, list[dict]] = {}
+    hwm: dict[str, list[int]] = {}
     for rep in range(repeat):  # the order of the backends rotates between rounds
-        for dist, csv in (("uniform", uniform), ("zipf", zipf)):
-            for kind in BACKENDS[rep % len(BACKENDS):] + BACKENDS[:rep % len(BACKENDS)]:
-                log(f"throughput round {rep + 1}/{repeat}, {dist} "
-                    f"({out[f'{dist}_records']} records) on {kind}")
-                run = run_flights(kind, csv, dist, mysql_url, parallelism)
+        for kind in BACKENDS[rep % len(BACKENDS):] + BACKENDS[:rep % len(BACKENDS)]:
+            log(f"throughput round {rep + 1}/{repeat} on {kind} (a JVM of its own: a "
+                f"warm-up, then uniform ({out['uniform_records']} records) and zipf)")
+            folder = WORK / "throughput" / f"{kind}-{rep + 1}"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            result_file = folder / "result.json"
+            args = {"kind": kind, "jobs": [[d, str(c)] for d, c in dists],
+                    "mysql_url": mysql_url, "parallelism": parallelism,
+                    "warmup_csv": str(warmup), "prefix": NAMESPACE_PREFIX[0],
+                    "result": str(result_file)}
+            returncode, loads, _ = run_child("bench.run", args, folder, 1800)
+            if returncode != 0 or not result_file.exists():
+                raise RuntimeError(f"part 1 on {kind} failed (exit code {returncode}); "
+                                   f"see {folder / 'child.log'} and {folder / 'log'}")
+            result = json.loads(result_file.read_text())
+            if result["java_hwm_kb"] is not None:
+                hwm.setdefault(kind, []).append(result["java_hwm_kb"])
+            for dist, run in result["runs"].items():
                 run["records_per_s"] = out[f"{dist}_records"] / run["net_s"]
+                run["load_max"] = max(loads, default=None)
                 runs.setdefault(f"{kind}/{dist}", []).append(run)
-                log(f"  {run['records_per_s']:,.0f} records/s (net {run['net_s']:.1f} s)")
+                log(f"  {dist}: {run['records_per_s']:,.0f} records/s (net "
+                    f"{run['net_s']:.1f} s)")
     for key, all_runs in runs.items():
         rates = [r["records_per_s"] for r in all_runs]
         out["runs"][key] = {"records_per_s": statistics.median(rates), "all": rates,
                             "net_s": statistics.median(r["net_s"] for r in all_runs)}
         for field in ("checkpoints", "e2e_median_ms", "sync_median_ms", "sync_max_ms",
-                      "async_median_ms"):
+                      "async_median_ms", "java_peak_kb"):
             values = [r[field] for r in all_runs if r.get(field) is not None]
             out["runs"][key][field] = statistics.median(values) if values else None
+        kind = key.split("/")[0]
+        out["runs"][key]["java_hwm_kb"] = statistics.median(hwm[kind]) if kind in hwm else None
     return out
 
 
@@ -505,7 +574,8 @@ def rest_get(port: int, path: str) -> Any:
 def checkpoint_stats(port: int, job_id: str) -> dict[str, Any]:
     """Flink's checkpoint statistics of the running job (REST): counts, and per completed
     checkpoint its trigger time, end-to-end duration, state size and, per subtask of the
-    vertex that holds the keyed process, sync / async / end-to-end durations (ms)."""
+    vertex that holds the keyed process, sync / async / end-to-end durations, the
+    barrier's start delay and the alignment (ms)."""
     job = rest_get(port, f"/jobs/{job_id}")
     vertex = next(v for v in job["vertices"] if "KEYED PROCESS" in v["name"].upper())
     overview = rest_get(port, f"/jobs/{job_id}/checkpoints")
@@ -534,6 +604,7 @@ def completed_checkpoint(port: int, job_id: str, vertex_id: str,
                           "async_ms": s["checkpoint"]["async"],
                           "end_to_end_ms": s["end_to_end_duration"],
                           "start_delay_ms": s.get("start_delay"),
+                          "alignment_ms": (s.get("alignment") or {}).get("duration"),
                           "state_size": s["state_size"]}
                          for s in detail["subtasks"] if "checkpoint" in s]}
 
@@ -1522,14 +1593,22 @@ def summary_markdown(meta: dict, results: dict) -> str:
                 row += [ratio(mine, runs[f"hashmap/{dist}"]["records_per_s"]),
                         ratio(mine, best_rocksdb[dist])]
             lines.append("| " + " | ".join(row) + " |")
-        lines += ["", "Checkpoints of the same runs (Flink's REST API, polled every second "
-                  "while the job ran; per subtask of the keyed vertex; medians over the "
-                  "rounds of each run's count and medians):", "",
+        lines += ["", "Checkpoints and memory of the same runs (Flink's REST API, polled "
+                  "every second while the job ran; per subtask of the keyed vertex; medians "
+                  "over the rounds of each run's count and medians). Each backend and round "
+                  "ran in a JVM of its own (the MiniCluster's JobManager and TaskManager, "
+                  "and in thread mode the embedded CPython with pyflink-ndb's tiers): peak "
+                  "RSS while the job ran (VmRSS sampled every 0.25 s) and the process's "
+                  "VmHWM over its warm-up and both jobs:", "",
                   "| backend | keys | checkpoints | end-to-end ms | sync ms median / max | "
-                  "async ms |", "|---|---|---:|---:|---:|---:|"]
+                  "async ms | JVM peak RSS MiB, this job / whole process |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
 
         def ms(value: float | None) -> str:
             return "–" if value is None else f"{value:,.0f}"
+
+        def mib(kb: float | None) -> str:
+            return "–" if kb is None else f"{kb / 1024:,.0f}"
 
         for dist in ("uniform", "zipf"):
             for kind in BACKENDS:
@@ -1537,7 +1616,8 @@ def summary_markdown(meta: dict, results: dict) -> str:
                 lines.append(f"| {LABELS[kind]} | {dist} | {ms(r.get('checkpoints'))} | "
                              f"{ms(r.get('e2e_median_ms'))} | {ms(r.get('sync_median_ms'))}"
                              f" / {ms(r.get('sync_max_ms'))} | "
-                             f"{ms(r.get('async_median_ms'))} |")
+                             f"{ms(r.get('async_median_ms'))} | "
+                             f"{mib(r.get('java_peak_kb'))} / {mib(r.get('java_hwm_kb'))} |")
         lines.append("")
     rec = results.get("recovery")
     if rec:

@@ -72,6 +72,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
         self._black_hole = False
+        self._hang_new = False
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -151,6 +152,12 @@ class TcpProxy:
         connections that are still open (the dropped bytes stay lost)."""
         self._black_hole = enabled
 
+    def hang_new_connections(self, enabled: bool = True) -> None:
+        """While enabled, new connections are accepted and read but never connected
+        upstream nor answered (a server whose handshake never comes); the connections
+        open keep forwarding."""
+        self._hang_new = enabled
+
     def drop_in_handshake(self, connections: int) -> None:
         """The next `connections` new connections reach the server and get its greeting,
         then both sides are reset when the client first answers: a server that drops a
@@ -208,7 +215,7 @@ class TcpProxy:
                 self.refused += 1
                 continue
             upstream: socket.socket | None = None
-            if not self._black_hole:
+            if not self._black_hole and not self._hang_new:
                 try:
                     upstream = socket.create_connection(self.target, timeout=5)
                     upstream.settimeout(None)

@@ -34,7 +34,7 @@ from pyflink.datastream.state import (
 
 from pyflink_ndb.checkpoint.writer import WriteCancelled
 from pyflink_ndb.config import NdbStateOptions
-from pyflink_ndb.errors import FencedError, ValueTooLargeError
+from pyflink_ndb.errors import FencedError, StoreUnavailableError, ValueTooLargeError
 from pyflink_ndb.serialization import encode_key, encode_value
 from pyflink_ndb.serialization.keys import KeyJsonMemo, encode_map_key, key_prefix_json
 from pyflink_ndb.serialization.values import PLAIN_JSON, JsonRenderer
@@ -300,6 +300,69 @@ def test_a_failure_taking_a_batch_is_raised_after_the_batches_held_are_written()
         write_batches(connections, None, _numbered_batches(60, taken, fail_at=5))  # type: ignore
     assert taken == [0, 1, 2, 3, 4]
     assert sorted(chain.from_iterable(c.wrote for c in connections)) == taken
+
+
+@pytest.mark.parametrize("failing", [0, 1])  # the caller's thread, a thread of its own
+def test_a_connection_given_up_hands_its_batch_to_the_others(failing: int) -> None:
+    """A connection whose write fails with an error `give_up` accepts (the server refused
+    its reconnect for a connection limit) stops; the batch it held is written by the
+    others, and every batch is written (found by a breaker: the slice failed, and so did
+    every later one)."""
+    refused = StoreUnavailableError("too many connections")
+    connections = [_BatchConnection(seconds=0.005) for _ in range(3)]
+    connections[failing] = _BatchConnection(fail_at=2, failure=refused)
+    given_up: list[object] = []
+
+    def give_up(connection: object, err: BaseException) -> bool:
+        given_up.append(connection)
+        return err is refused
+
+    taken: list[int] = []
+    written = write_batches(connections, None, _numbered_batches(40, taken),  # type: ignore
+                            give_up)  # type: ignore[arg-type]
+    assert written == 120 and given_up == [connections[failing]]
+    assert sorted(chain.from_iterable(c.wrote for c in connections)) == list(range(40))
+
+
+def test_the_last_connection_is_not_given_up_and_a_refused_give_up_is_raised() -> None:
+    """`give_up` is never asked for the last connection left: its failure is the slice's;
+    an error `give_up` declines is raised as without it."""
+    refused = StoreUnavailableError("too many connections")
+    both = [_BatchConnection(fail_at=2, failure=refused),
+            _BatchConnection(fail_at=3, failure=refused)]
+    asked: list[object] = []
+
+    def give_up(connection: object, err: BaseException) -> bool:
+        asked.append(connection)
+        return True
+
+    with pytest.raises(StoreUnavailableError):
+        write_batches(both, None, _numbered_batches(40, []), give_up)  # type: ignore
+    assert len(asked) == 1  # the second failure came with one connection left
+    fenced = FencedError("a newer attempt claimed the key groups")
+    declined = [_BatchConnection(fail_at=2, failure=fenced), _BatchConnection()]
+    with pytest.raises(FencedError):
+        write_batches(declined, None, _numbered_batches(40, []),  # type: ignore
+                      lambda connection, err: False)
+
+
+def test_a_batch_given_back_after_the_last_was_taken_is_still_written() -> None:
+    """The other connection has taken the last batch when the failing one gives its back:
+    the handed-back batch is written after the others finished."""
+    refused = StoreUnavailableError("too many connections")
+    slow_failure = _BatchConnection(fail_at=1, failure=refused)
+    original = slow_failure.write_batch
+
+    def late(fence: object, batch: list[int]) -> int:
+        time.sleep(0.2)  # the other connection takes every other batch meanwhile
+        return original(fence, batch)
+
+    slow_failure.write_batch = late  # type: ignore[method-assign]
+    other = _BatchConnection(seconds=0.001)
+    written = write_batches([other, slow_failure], None, _numbered_batches(10, []),  # type: ignore
+                            lambda connection, err: True)
+    assert written == 30
+    assert sorted(other.wrote) == list(range(10)) and slow_failure.wrote == []
 
 
 def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(

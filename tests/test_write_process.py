@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import drop_namespace, mysql_connect, unique_namespace
@@ -238,7 +239,7 @@ def test_a_new_childs_connection_is_known_while_the_writer_reads_the_next_slice(
     def at_slice_2(n: int) -> None:
         if n == 16:  # the first row of slice 2: slice 1 is with the child
             process = sub.backend.protocol.render_process
-            seen.append((process._store_call_in_flight, process.server_threads))
+            seen.append((process._request_store is not None, process.server_threads))
 
     _watch_rows(monkeypatch, sub, at_slice_2)
     sub.checkpoint(1)
@@ -272,7 +273,7 @@ def test_a_failure_while_the_next_slice_is_read_stops_the_child_and_loses_nothin
     with pytest.raises(CheckpointError, match="could not be written"):
         sub.snapshot(2)
     assert process._child is None and first_child.poll() is not None
-    assert not process._store_call_in_flight
+    assert process._request_store is None
     assert process.fallbacks == 0  # the writer's failure, not the child's
     monkeypatch.undo()
     sub.checkpoint(3)
@@ -361,17 +362,18 @@ def _until(condition: Callable[[], bool], seconds: float = 10) -> bool:
 
 
 @contextlib.contextmanager
-def _child_writes_waiting(mysql_url: str, made: list[str], tmp_path: Path
-                          ) -> Iterator[tuple[LocalSubtask, RenderProcess,
-                                              Callable[[tuple[int, ...]], int]]]:
+def _child_writes_waiting(mysql_url: str, made: list[str], tmp_path: Path,
+                          **changes: Any) -> Iterator[tuple[LocalSubtask, RenderProcess,
+                                                            Callable[[tuple[int, ...]], int]]]:
     """A subtask whose checkpoint 1 holds "one" for 50 keys (transactions of 10 rows)
     while another session holds the owner row's lock: checkpoint 2 ("two" for every key)
     is snapshotted, and both of the child's connections wait in the server for that lock
     (a cold read or a large batch would wait the same). Yields (the subtask, its write
     process, waiting(server threads): how many of them run a statement). On leaving, the
     session rolls back, and checkpoint 1 must still restore "one" for every key. `made`:
-    the namespaces the test drops (the new one is added)."""
-    options = dataclasses.replace(_process_options(mysql_url, made), write_batch_rows=10)
+    the namespaces the test drops (the new one is added); `changes`: other options."""
+    options = dataclasses.replace(_process_options(mysql_url, made), write_batch_rows=10,
+                                  **changes)
     keys = [f"k{i}" for i in range(50)]
     sub, value = _checkpointed(options, tmp_path / "s", keys)
     process = sub.backend.protocol.render_process
@@ -416,6 +418,23 @@ def test_a_cancel_has_the_server_end_the_childs_statement(
         sub.crash()
         assert _until(lambda: not waiting(child_threads), 3), \
             "the child's statement ran on in the server after the cancel"
+
+
+def test_a_drained_close_that_times_out_has_the_server_end_the_childs_statements(
+        mysql_url: str, tmp_path: Path, namespaces: list[str]) -> None:  # noqa: F811
+    """Found by a breaker: the child's writes wait in the server when the subtask closes
+    with a drain (a stop-with-savepoint's end, a finished job), and the drain times out
+    (retry deadline + 10 s): the close stopped the child while its statements ran on in
+    the server with their locks (until their 50 s lock-wait timeout; the next attempt's
+    claim waited 30 s), because the writer thread gave up on the request itself, so the
+    close's interrupt never ran. Stopping a child mid-request now has the server end
+    them first (`RenderProcess._stop`)."""
+    with _child_writes_waiting(mysql_url, namespaces, tmp_path,
+                               db_retry_deadline_ms=500) as (sub, process, waiting):
+        child_threads = process.server_threads
+        sub.close()  # drains for 10.5 s, then stops the writer and the child
+        assert _until(lambda: not waiting(child_threads), 3), \
+            "the child's statements ran on in the server after the close"
 
 
 def test_a_reconnect_of_a_childs_connection_mid_write_is_reported_and_killed_at_a_cancel(
@@ -565,6 +584,97 @@ def test_a_further_connection_refused_by_the_limit_leaves_the_writes_on_those_op
         sub.close()
         proxy.limit_connections(None)
         assert _restored_value(url, sub, tmp_path, 3, keys) == {k: 3 for k in keys}
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+def test_a_childs_connection_lost_at_the_connection_limit_leaves_its_writes_to_the_others(
+        mysql_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        connections: int) -> None:
+    """Found by a breaker: at the server's connection limit, one of the child's
+    connections is lost and another client takes its slot; the child's reconnect is
+    refused ("too many connections"), and every later checkpoint failed, although the
+    child's other connection and the writer's own worked. Now a connection refused so is
+    given up (tried again after REOPEN_AFTER_S) and the batch it held goes to the others;
+    when it was the only one, the writer writes the slice on its own connection."""
+    import logging
+
+    with _proxied_namespace(mysql_url) as (proxy, url, ns):
+        options = _options(url, ns, write_process=True, checkpoints_retained=8,
+                           write_process_connections=connections, write_batch_rows=5)
+        keys = [f"k{i}" for i in range(60)]
+        sub, value = _checkpointed(options, tmp_path / "l", keys)
+        process = sub.backend.protocol.render_process
+        assert process is not None and len(process.server_threads) == connections
+        open_before = proxy.connections
+        proxy.limit_connections(open_before, 1203)  # the server is full
+        killer = mysql_connect(mysql_url)  # directly, not through the proxy
+        try:
+            with killer.cursor() as cur:
+                cur.execute("KILL CONNECTION %s", (process.server_threads[-1],))
+        finally:
+            killer.close()
+        assert proxy.wait_for(lambda: proxy.connections == open_before - 1)
+        other = mysql_connect(url)  # another client takes the slot
+        try:
+            with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
+                for checkpoint_id in (2, 3, 4):
+                    for key in keys:
+                        sub.key(key)
+                        value.update(checkpoint_id)
+                    sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
+        finally:
+            other.close()
+        assert sub.backend.protocol.epochs_failed == 0
+        if connections == 2:  # the child wrote each epoch on its other connection
+            assert process.written_epochs == 4 and process.fallbacks == 0
+            assert len(process.server_threads) == 1
+            assert "a connection was lost and the server refused a new one" in caplog.text
+        else:  # the writer wrote the slice whose connection was lost
+            assert process.fallbacks >= 1
+            assert "refused a new one" in caplog.text
+        sub.close()
+        proxy.limit_connections(None)
+        assert _restored_value(url, sub, tmp_path, 4, keys) == {k: 4 for k in keys}
+
+
+def test_a_further_connection_whose_handshake_hangs_holds_no_slice_back(
+        mysql_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a breaker: the write process opened its further connections before
+    writing, under the store's retries of a dropped handshake, so one whose handshake
+    never came held the epoch for the whole retry deadline (90 s by default), again
+    every REOPEN_AFTER_S. They are opened by a thread of their own now, which a request
+    waits for at most OPEN_WAIT_S; a connection that opens later, or after a failure
+    once REOPEN_AFTER_S passed, is used from the next request on."""
+    import pickle
+
+    import pyflink_ndb.stores.render_process as render_process
+
+    monkeypatch.setattr(render_process, "REOPEN_AFTER_S", 0.2)
+    with _proxied_namespace(mysql_url) as (proxy, url, ns):
+        store = open_store(_options(url, ns, db_socket_timeout_ms=1000,
+                                    db_retry_deadline_ms=2000))
+        reports: list[object] = []
+        connections = render_process._Connections(pickle.dumps(store), reports.append)
+        try:
+            first = connections.stores[0].server_thread()
+            proxy.hang_new_connections(True)
+            started = time.monotonic()
+            connections.open_more(2)
+            assert time.monotonic() - started < render_process.OPEN_WAIT_S + 0.5
+            assert len(connections.stores) == 1 and reports == [("connection", (first,))]
+            proxy.hang_new_connections(False)
+            # The opener gives up after the retry deadline; once REOPEN_AFTER_S passed, the
+            # next request opens the second connection.
+            assert _until(lambda: connections._opener is None, 10)
+            time.sleep(0.3)
+            connections.open_more(2)
+            assert len(connections.stores) == 2
+            second = connections.stores[1].server_thread()
+            assert second is not None and second != first
+            assert reports[-1] == ("connection", (first, second))
+        finally:
+            connections.close()
+            store.close()
 
 
 # -- a real job ---------------------------------------------------------------------------

@@ -798,9 +798,10 @@ class MysqlStateStore(StateStore):
                 raise StoreUnavailableError(
                     f"The database at {where} refused a new connection: too many "
                     f"connections (error {code}). Raise the server's max_connections (or "
-                    f"the user's limit), or open fewer: each subtask opens two, three with "
+                    f"the user's limit), or open fewer: each subtask opens two, plus "
+                    "state.backend.ndb.write.process-connections (default 2) with "
                     "state.backend.ndb.write.process on (its default with 2 CPUs or "
-                    "more; set it to false).") from err
+                    "more; set it to false, or the connections to 1).") from err
             raise StoreUnavailableError(
                 f"Cannot reach the database at {where} (error {code}). Start the MySQL "
                 "server there or fix state.backend.ndb.url.") from err

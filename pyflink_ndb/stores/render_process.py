@@ -103,9 +103,17 @@ RENDER_AHEAD_ROWS = 100
 #: thread, back from the database, waits at most this long for the interpreter lock while
 #: the render thread renders (several times per transaction: send, fence check, commit).
 CHILD_SWITCH_INTERVAL_S = 0.0005
-#: Seconds after a further connection of the write process failed to open before it is tried
-#: again (the writes go on the connections open meanwhile).
+#: Seconds after a further connection of the write process failed to open (or was given up:
+#: its reconnect refused by the server's connection limit) before it is tried again (the
+#: writes go on the connections open meanwhile).
 REOPEN_AFTER_S = 60.0
+#: Seconds a slice waits for the further connections that its request starts to open (a
+#: thread of their own opens them, :meth:`_Connections.open_more`); a connection that
+#: takes longer is used from the next slice on. On loopback one opens in a few
+#: milliseconds; a handshake that hangs (found by a breaker: the store's retries of a
+#: dropped handshake held every slice for the whole retry deadline, 90 s by default) costs
+#: a slice at most this long, once per :data:`REOPEN_AFTER_S`.
+OPEN_WAIT_S = 1.0
 #: Bytes of a widened pipe to or from the child (:func:`_widen_pipes`), where allowed: the
 #: default /proc/sys/fs/pipe-max-size. A widened pipe counts against the user's
 #: `pipe-user-pages-soft` (64 MiB by default, for every process of that user), so only the
@@ -304,11 +312,15 @@ class _LogLines(logging.Handler):
             self._dropped += 1
 
     def take(self) -> list[str]:
-        lines, self._lines = self._lines, []
-        if self._dropped:
-            lines.append(f"... and {self._dropped} more lines like these")
-            self._dropped = 0
-        return lines
+        self.acquire()  # emit() runs under the same lock, from any of the child's threads
+        try:
+            lines, self._lines = self._lines, []
+            if self._dropped:
+                lines.append(f"... and {self._dropped} more lines like these")
+                self._dropped = 0
+            return lines
+        finally:
+            self.release()
 
 
 def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
@@ -333,7 +345,11 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
     retries (:class:`_Connections`); the writer's close has the server end their
     statements (`KILL QUERY`, :meth:`RenderProcess.interrupt`). A further connection
     that fails to open is logged, and the writes go on the connections open
-    (:meth:`_Connections.open_more`).
+    (:meth:`_Connections.open_more`); so do the writes of a slice one of whose
+    connections is lost and refused a new one by the server's connection limit
+    (:meth:`_Connections.give_up`). When the server refuses the only connection left,
+    the reply is `failed` and the writer does the work on its own connection (found by a
+    breaker: one lost connection at the limit failed every later checkpoint).
 
     :returns: the final reply without its log lines (:func:`serve` adds them),
         `("done", rows, retries)` (rows written or deleted, the store's retries meanwhile)
@@ -376,11 +392,17 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
 
         with _RenderAhead(version, rows, renderers, key_json) as ahead:
             done = write_batches(connections.stores[:wanted], fence, store.version_batches(
-                version, rows, None, ahead.rendered(ask)))
+                version, rows, None, ahead.rendered(ask)), connections.give_up)
         return ("done", done, connections.retries() - before)
     except FencedError as err:
         return ("error", "fenced", str(err))
     except StoreUnavailableError as err:
+        if _connection_limit(err):  # lost, and its reconnect refused: not an outage
+            lost = stores.pop(store_bytes, None)
+            if lost is not None:
+                lost.close()  # the next request connects anew
+            return ("error", "failed", f"its connection was lost and the server refused "
+                                       f"a new one: {err}")
         return ("error", "unavailable", str(err))
     except ValueTooLargeError as err:
         return ("error", "too-large", str(err))
@@ -392,9 +414,9 @@ class _Connections:
     """The write process's connections to one store (the writer's, unpickled: each a
     store of its own): the first for deletes and writes, the others for writes only
     (`write.process-connections`). Whenever a connection's server thread changes (a new
-    connection, a reconnect inside a statement's retries) the connections are reported
-    to the writer at once with `report` (thread-safe), so that its close can end each
-    one's statement (:meth:`RenderProcess.interrupt`).
+    connection, a reconnect inside a statement's retries, a connection given up) the
+    connections are reported to the writer at once with `report` (thread-safe), so that
+    its close can end each one's statement (:meth:`RenderProcess.interrupt`).
 
     :raises StoreUnavailableError: the first connection failed (as
         :meth:`StateStore.connect`)."""
@@ -405,9 +427,14 @@ class _Connections:
         self._lock = threading.Lock()
         #: The server threads last reported to the writer.
         self._reported: tuple[int, ...] = ()
-        #: When a further connection may be tried again after one failed to open
-        #: (time.monotonic(); 0: any time).
+        #: When a further connection may be tried again after one failed to open or was
+        #: given up (time.monotonic(); 0: any time).
         self._retry_at = 0.0
+        #: The thread opening further connections, while it runs.
+        self._opener: threading.Thread | None = None
+        #: The retries of the connections given up (:meth:`retries` counts them on).
+        self._retired_retries = 0
+        self._closed = False
         self.stores = [self._connected()]
 
     def _connected(self) -> StateStore:
@@ -417,23 +444,71 @@ class _Connections:
         return store
 
     def open_more(self, wanted: int) -> None:
-        """Open connections until there are `wanted`. A further connection that fails to
-        open (the server's connection limit, a host it blocks, a handshake it drops) is
-        logged and the writes go on those open; it is tried again after
-        :data:`REOPEN_AFTER_S` (the first connection's failures are the request's)."""
-        while len(self.stores) < wanted and time.monotonic() >= self._retry_at:
-            try:
-                self.stores.append(self._connected())
-            except StoreUnavailableError as err:
-                self._retry_at = time.monotonic() + REOPEN_AFTER_S
-                log.warning("a further connection failed to open (%s): the writes go on %d "
-                            "connection(s); it is tried again in %.0f s", err,
-                            len(self.stores), REOPEN_AFTER_S)
+        """Have `wanted` connections open: the missing ones are opened by a thread of
+        their own, which this waits for at most :data:`OPEN_WAIT_S` (a connection that
+        opens later is used from the next request on). A further connection that fails
+        to open (the server's connection limit, a host it blocks, a handshake it drops
+        or never answers) is logged and the writes go on those open; it is tried again
+        after :data:`REOPEN_AFTER_S` (the first connection's failures are the
+        request's)."""
+        with self._lock:
+            opener = None
+            if (len(self.stores) < wanted and self._opener is None
+                    and time.monotonic() >= self._retry_at):
+                opener = self._opener = threading.Thread(
+                    target=self._open, args=(wanted,), daemon=True,
+                    name="pyflink-ndb-write-connect")
+                opener.start()
+        if opener is not None:
+            opener.join(OPEN_WAIT_S)
         self.report_changes()
+
+    def _open(self, wanted: int) -> None:
+        """The opener thread of :meth:`open_more`."""
+        try:
+            while len(self.stores) < wanted and not self._closed:
+                try:
+                    store = self._connected()
+                except StoreUnavailableError as err:
+                    self._retry_at = time.monotonic() + REOPEN_AFTER_S
+                    log.warning("a further connection failed to open (%s): the writes go on "
+                                "%d connection(s); it is tried again in %.0f s", err,
+                                len(self.stores), REOPEN_AFTER_S)
+                    return
+                with self._lock:
+                    if self._closed:
+                        store.close()
+                        return
+                    self.stores = [*self.stores, store]
+                self.report_changes()
+        finally:
+            with self._lock:
+                self._opener = None
+
+    def give_up(self, store: StateStore, err: BaseException) -> bool:
+        """For :func:`write_batches`: give up connection `store`, whose write failed with
+        `err`, when the server refused its reconnect for a connection limit (another
+        client may have taken the slot it held): it is closed and dropped, logged, and
+        opened again after :data:`REOPEN_AFTER_S`. Returns True when it was given up;
+        False for any other error (the write's failure)."""
+        if not (isinstance(err, StoreUnavailableError) and _connection_limit(err)):
+            return False
+        with self._lock:
+            if store not in self.stores:
+                return False
+            self.stores = [s for s in self.stores if s is not store]
+            self._retired_retries += store.retries
+            self._retry_at = time.monotonic() + REOPEN_AFTER_S
+        store.close()
+        log.warning("a connection was lost and the server refused a new one (%s): the "
+                    "writes go on %d connection(s); it is tried again in %.0f s", err,
+                    len(self.stores), REOPEN_AFTER_S)
+        self.report_changes()
+        return True
 
     def report_changes(self) -> None:
         """Report the connections' server threads to the writer when they changed since
-        the last report (a new connection, a reconnect; from any thread)."""
+        the last report (a new connection, a reconnect, one given up; from any thread)."""
         with self._lock:
             threads = tuple(t for t in (s.server_thread() for s in self.stores)
                             if t is not None)
@@ -442,16 +517,20 @@ class _Connections:
                 self._report(("connection", threads))
 
     def retries(self) -> int:
-        """The retries of every connection so far."""
-        return sum(store.retries for store in self.stores)
+        """The retries of every connection so far, those given up included."""
+        return self._retired_retries + sum(store.retries for store in self.stores)
 
     def close(self) -> None:
-        for store in self.stores:
+        with self._lock:
+            self._closed = True
+            stores = self.stores
+        for store in stores:
             store.close()
 
 
 def write_batches(stores: Sequence[StateStore], fence: Fence,
-                  batches: Iterator[list[Any]]) -> int:
+                  batches: Iterator[list[Any]],
+                  give_up: Callable[[StateStore, BaseException], bool] | None = None) -> int:
     """Write `batches` (:meth:`StateStore.version_batches`), fenced, each in a transaction
     of its own, on the connections of `stores` at once: each connection takes the next
     batch once it has committed its last (`write.process-connections`; the batches hold
@@ -461,26 +540,41 @@ def write_batches(stores: Sequence[StateStore], fence: Fence,
     failure (of a write, or of taking a batch: a rendering error, an oversized row) stops
     the others taking more and is raised once they have finished the batch they hold.
 
+    :param give_up: asked when a connection's write fails, with the connection and the
+        error (:meth:`_Connections.give_up`); True: that connection stops, and the batch
+        it held is written on the others (a batch is an idempotent upsert of its rows).
+        Never asked for the last connection left, whose failure is raised. None: every
+        failure is raised.
     :raises FencedError, StoreUnavailableError, ValueTooLargeError: as
         :meth:`StateStore.write_versions`."""
     if len(stores) == 1:
         return sum(stores[0].write_batch(fence, batch) for batch in batches)
     lock = threading.Lock()
     failures: list[BaseException] = []
+    #: Batches of connections given up, for the others to write.
+    handed_back: list[list[Any]] = []
+    live = set(range(len(stores)))
     written = [0] * len(stores)
 
     def work(index: int) -> None:
+        batch: list[Any] | None = None
         try:
             while True:
                 with lock:  # `batches` renders and may ask the writer: one taker at a time
                     if failures:
                         return
-                    batch = next(batches, None)
+                    batch = handed_back.pop() if handed_back else next(batches, None)
                 if batch is None:
                     return
                 written[index] += stores[index].write_batch(fence, batch)
+                batch = None
         except BaseException as err:  # noqa: BLE001 - raised by the caller
             with lock:
+                if (batch is not None and give_up is not None and len(live) > 1
+                        and give_up(stores[index], err)):
+                    live.discard(index)
+                    handed_back.append(batch)
+                    return
                 failures.append(err)
 
     threads = [threading.Thread(target=work, args=(index,), daemon=True,
@@ -493,6 +587,9 @@ def write_batches(stores: Sequence[StateStore], fence: Fence,
         thread.join()
     if failures:
         raise failures[0]
+    for batch in handed_back:  # given back after the others had taken the last batch
+        index = min(live)
+        written[index] += stores[index].write_batch(fence, batch)
     return sum(written)
 
 
@@ -625,8 +722,12 @@ class RenderProcess:
         self.server_threads: tuple[int, ...] = ()
         #: The most connections a write request asked the running child for (0: none).
         self._asked_connections = 0
-        #: A write or delete request is with the child (from its send to its reply).
-        self._store_call_in_flight = False
+        #: The writer's store while a write or delete request is with the child (from its
+        #: send to its reply; None: none): the store through which the server is asked
+        #: to end the child's statements (:meth:`_end_statements`).
+        self._request_store: StateStore | None = None
+        #: The statements of the request in flight were ended already (:meth:`interrupt`).
+        self._statements_ended = False
         #: A frame of the reply that :meth:`_take_connection` read before
         #: :meth:`_store_finish` (in a 1-tuple; None: none).
         self._early_answer: tuple[Any] | None = None
@@ -789,7 +890,7 @@ class RenderProcess:
                     sent = self._store_send(
                         ("write", store_bytes, fence, version, list(map(tuple, part)), states,
                          connections),
-                        between, number == 0, stall_s)
+                        store, between, number == 0, stall_s)
                     following = next(slices, None)  # read while the child writes `part`
                     done = None if not sent else self._store_finish(
                         len(part), literals, store, between, stall_s)
@@ -805,8 +906,7 @@ class RenderProcess:
                     rendered=render_here(version, part, json_of, key_json))
                 part, number = following, number + 1
         except BaseException:
-            if self._store_call_in_flight:  # its reply would be stale
-                self._store_call_in_flight = False
+            if self._request_store is not None:  # its reply would be stale
                 self._stop()
             raise
         if not self.writing_here:
@@ -847,21 +947,24 @@ class RenderProcess:
         :raises FencedError, StoreUnavailableError, ValueTooLargeError: as the child
             reported them.
         """
-        if not self._store_send(request, between, start, stall_s):
+        if not self._store_send(request, store, between, start, stall_s):
             return None
         return self._store_finish(rows, literals, store, between, stall_s)
 
-    def _store_send(self, request: tuple[Any, ...], between: Callable[[], None] | None,
-                    start: bool, stall_s: float | None = None) -> bool:
-        """Send `request` (see :func:`_serve_store`); its reply is read by
-        :meth:`_store_finish`, and until then the request is in flight (:meth:`interrupt`
-        ends its statement; a caller that gives up on it stops the child). `start`: start
-        a child unless one runs; else the one that took the earlier slices must still
-        run. Returns False when the child failed (it is stopped and logged: the caller
-        does the work itself)."""
+    def _store_send(self, request: tuple[Any, ...], store: StateStore,
+                    between: Callable[[], None] | None, start: bool,
+                    stall_s: float | None = None) -> bool:
+        """Send `request` (see :func:`_serve_store`) for `store`, the writer's; its reply
+        is read by :meth:`_store_finish`, and until then the request is in flight
+        (:meth:`interrupt` ends its statements; a caller that gives up on it stops the
+        child, which ends them too: :meth:`_stop`). `start`: start a child unless one
+        runs; else the one that took the earlier slices must still run. Returns False
+        when the child failed (it is stopped and logged: the caller does the work
+        itself)."""
         try:
             self._require_child(start)
-            self._store_call_in_flight = True
+            self._request_store = store
+            self._statements_ended = False
             self._send_frame(request, between)
             # A write that asks for more connections than this child was asked for
             # before opens them first: wait for its report.
@@ -869,11 +972,9 @@ class RenderProcess:
             self._take_connection(between, stall_s, wanted > self._asked_connections)
             self._asked_connections = max(self._asked_connections, wanted)
         except _CHILD_ERRORS as err:
-            self._store_call_in_flight = False
             self._failed(err, "done")
             return False
         except BaseException:
-            self._store_call_in_flight = False
             self._stop()  # cancelled mid-request: its reply would be stale
             raise
         return True
@@ -938,7 +1039,7 @@ class RenderProcess:
                 self._stop()  # cancelled or failed mid-request: its reply would be stale
                 raise
             finally:
-                self._store_call_in_flight = False
+                self._request_store = None
             if not (type(answer) is tuple and len(answer) == 4 and (
                     (answer[0] == "done" and type(answer[1]) is int
                      and type(answer[2]) is int)
@@ -1021,6 +1122,8 @@ class RenderProcess:
             the writer must not write what it sent).
         """
         reply = self._receive_frame(between, None)
+        while _connection_of(reply) is not None:  # a write process's late report
+            reply = self._receive_frame(between, None)
         if not (type(reply) is tuple and len(reply) == 2 and type(reply[0]) is list
                 and len(reply[0]) == rows and type(reply[1]) is list):
             raise RenderProcessError(f"it answered a reply of the wrong shape for {rows} "
@@ -1133,11 +1236,29 @@ class RenderProcess:
         statement ends, and until then the statement holds its locks (a fenced write holds
         the owner row's shared lock, which the next attempt's claim waits for). Nothing
         when no request is in flight or the child has not reported its connections."""
-        if self._store_call_in_flight:
+        if self._request_store is not None:
+            self._end_statements(store)
+
+    def _end_statements(self, store: StateStore) -> None:
+        """`KILL QUERY` of each of the child's connections through `store` (once per
+        request)."""
+        if not self._statements_ended:
+            self._statements_ended = True
             for server_thread in self.server_threads:
                 store.kill_statement(server_thread)
 
     def _stop(self) -> None:
+        """Stop the child. With a request in flight (the writer gives up on it: a cancel,
+        a drained close that timed out, a stall, a broken reply) the server first ends
+        the child's statements (:meth:`_end_statements`): killing the child closes its
+        connections, but the server notices only once a statement ends, and until then
+        it holds its locks, which the writer's own rewrite of the slice or the next
+        attempt's claim wait for (found by a breaker: a drained close that timed out
+        left two statements waiting for a row lock until its 50 s timeout, and the next
+        attempt's claim waited 30 s)."""
+        request_store, self._request_store = self._request_store, None
+        if request_store is not None:
+            self._end_statements(request_store)
         self.server_threads = ()
         self._asked_connections = 0
         self._early_answer = None
