@@ -365,6 +365,30 @@ def test_a_batch_given_back_after_the_last_was_taken_is_still_written() -> None:
     assert sorted(other.wrote) == list(range(10)) and slow_failure.wrote == []
 
 
+def test_a_stopped_childs_last_report_names_the_connections_to_end() -> None:
+    """The reports a child sent before it was stopped (a reconnect while the writer read
+    the next slice) are read from its dead output before the kills (a review: the kills
+    went to the connections of the last report the writer had read)."""
+    import io
+    import pickle
+    import types
+
+    from pyflink_ndb.stores.render_process import _HEADER, _last_report
+
+    def frame(message: object) -> bytes:
+        data = pickle.dumps(message)
+        return _HEADER.pack(len(data)) + data
+
+    def child(data: bytes) -> types.SimpleNamespace:
+        return types.SimpleNamespace(stdout=io.BytesIO(data))
+
+    reports = frame(("connection", (7, 8))) + frame(("connection", (7, 9)))
+    assert _last_report(child(reports), (1, 2)) == (7, 9)
+    assert _last_report(child(reports + frame(("done", 3, 0, []))), (1, 2)) == (7, 9)
+    assert _last_report(child(b""), (1, 2)) == (1, 2)
+    assert _last_report(child(frame(("connection", (5,)))[:-3]), (1, 2)) == (1, 2)
+
+
 def test_the_child_renders_the_next_slice_while_the_writer_uses_this_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Pipelining: when the writer gets a slice, the next one is already on its way to the

@@ -173,6 +173,33 @@ def _connection_of(answer: Any) -> tuple[int, ...] | None:
     return None
 
 
+def _last_report(child: subprocess.Popen[bytes], known: tuple[int, ...]) -> tuple[int, ...]:
+    """The server threads of the last `("connection", ...)` report among the frames a
+    stopped `child` left in its output pipe (read to its end: the child is dead), or
+    `known` when there is none or the pipe cannot be read."""
+    stream = child.stdout
+    if stream is None:
+        return known
+    try:
+        data = stream.read()
+    except (OSError, ValueError):
+        return known
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        (size,) = _HEADER.unpack_from(data, offset)
+        offset += _HEADER.size
+        if offset + size > len(data):
+            break
+        try:
+            threads = _connection_of(pickle.loads(data[offset:offset + size]))
+        except Exception:  # noqa: BLE001 - a broken frame ends the reading
+            break
+        if threads is not None:
+            known = threads
+        offset += size
+    return known
+
+
 class RenderProcessError(Exception):
     """The child could not be started or failed; the writer renders the epoch itself."""
 
@@ -347,14 +374,17 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
     that fails to open is logged, and the writes go on the connections open
     (:meth:`_Connections.open_more`); so do the writes of a slice one of whose
     connections is lost and refused a new one by the server's connection limit
-    (:meth:`_Connections.give_up`). When the server refuses the only connection left,
-    the reply is `failed` and the writer does the work on its own connection (found by a
-    breaker: one lost connection at the limit failed every later checkpoint).
+    (:meth:`_Connections.give_up`). When the server refuses the only connection left its
+    reconnect (or a delete's), the reply is `refused`: the writer does that work on its
+    own connection, and this child keeps its connections, which connect again at the
+    next request (found by a breaker: one lost connection at the limit failed every
+    later checkpoint).
 
     :returns: the final reply without its log lines (:func:`serve` adds them),
         `("done", rows, retries)` (rows written or deleted, the store's retries meanwhile)
-        or `("error", kind, message)` with kind `fenced`, `unavailable`, `too-large` or
-        `failed` (any other error: the writer does the work itself).
+        or `("error", kind, message)` with kind `fenced`, `unavailable`, `too-large`,
+        `refused` (see above) or `failed` (any other error: the writer stops this child
+        and does the work itself).
     """
     kind, store_bytes, fence, *args = request
     try:
@@ -398,11 +428,7 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
         return ("error", "fenced", str(err))
     except StoreUnavailableError as err:
         if _connection_limit(err):  # lost, and its reconnect refused: not an outage
-            lost = stores.pop(store_bytes, None)
-            if lost is not None:
-                lost.close()  # the next request connects anew
-            return ("error", "failed", f"its connection was lost and the server refused "
-                                       f"a new one: {err}")
+            return ("error", "refused", str(err))  # the connection tries again next time
         return ("error", "unavailable", str(err))
     except ValueTooLargeError as err:
         return ("error", "too-large", str(err))
@@ -458,7 +484,11 @@ class _Connections:
                 opener = self._opener = threading.Thread(
                     target=self._open, args=(wanted,), daemon=True,
                     name="pyflink-ndb-write-connect")
-                opener.start()
+                try:
+                    opener.start()
+                except RuntimeError as err:  # no thread now: tried at the next request
+                    self._opener = opener = None
+                    log.warning("a further connection could not be opened (%s)", err)
         if opener is not None:
             opener.join(OPEN_WAIT_S)
         self.report_changes()
@@ -466,11 +496,14 @@ class _Connections:
     def _open(self, wanted: int) -> None:
         """The opener thread of :meth:`open_more`."""
         try:
-            while len(self.stores) < wanted and not self._closed:
+            while (len(self.stores) < wanted and not self._closed
+                   and time.monotonic() >= self._retry_at):  # a give-up meanwhile waits
                 try:
                     store = self._connected()
                 except StoreUnavailableError as err:
                     self._retry_at = time.monotonic() + REOPEN_AFTER_S
+                    if self._closed:
+                        return
                     log.warning("a further connection failed to open (%s): the writes go on "
                                 "%d connection(s); it is tried again in %.0f s", err,
                                 len(self.stores), REOPEN_AFTER_S)
@@ -510,6 +543,8 @@ class _Connections:
         """Report the connections' server threads to the writer when they changed since
         the last report (a new connection, a reconnect, one given up; from any thread)."""
         with self._lock:
+            if self._closed:  # a set replaced by another store's: nothing to report
+                return
             threads = tuple(t for t in (s.server_thread() for s in self.stores)
                             if t is not None)
             if threads and threads != self._reported:
@@ -570,12 +605,23 @@ def write_batches(stores: Sequence[StateStore], fence: Fence,
                 batch = None
         except BaseException as err:  # noqa: BLE001 - raised by the caller
             with lock:
-                if (batch is not None and give_up is not None and len(live) > 1
-                        and give_up(stores[index], err)):
-                    live.discard(index)
-                    handed_back.append(batch)
+                if batch is not None and hand_back(index, batch, err):
                     return
                 failures.append(err)
+
+    def hand_back(index: int, batch: list[Any], err: BaseException) -> bool:
+        """Whether connection `index` is given up for `err` (its batch then goes back)."""
+        if give_up is None or len(live) < 2:
+            return False
+        try:
+            given = give_up(stores[index], err)
+        except Exception:  # noqa: BLE001 - the write's own error is the one to raise
+            log.debug("give_up failed", exc_info=True)
+            given = False
+        if given:
+            live.discard(index)
+            handed_back.append(batch)
+        return given
 
     threads = [threading.Thread(target=work, args=(index,), daemon=True,
                                 name=f"pyflink-ndb-write-{index}")
@@ -587,9 +633,14 @@ def write_batches(stores: Sequence[StateStore], fence: Fence,
         thread.join()
     if failures:
         raise failures[0]
-    for batch in handed_back:  # given back after the others had taken the last batch
+    while handed_back:  # given back after the others had taken the last batch
+        batch = handed_back.pop()
         index = min(live)
-        written[index] += stores[index].write_batch(fence, batch)
+        try:
+            written[index] += stores[index].write_batch(fence, batch)
+        except BaseException as err:
+            if not hand_back(index, batch, err):
+                raise
     return sum(written)
 
 
@@ -712,6 +763,9 @@ class RenderProcess:
         #: Epochs written by the child (`write.process`).
         self.written_epochs = 0
         self.fallbacks = 0
+        #: Requests the child could not do because the server refused its connection
+        #: (a connection limit): done by the writer, the child kept (metrics, tests).
+        self.refusals = 0
         #: Set once the writer's store could not be pickled for the child: the writer
         #: writes itself from then on (logged once).
         self.unpicklable_store: str | None = None
@@ -726,8 +780,6 @@ class RenderProcess:
         #: send to its reply; None: none): the store through which the server is asked
         #: to end the child's statements (:meth:`_end_statements`).
         self._request_store: StateStore | None = None
-        #: The statements of the request in flight were ended already (:meth:`interrupt`).
-        self._statements_ended = False
         #: A frame of the reply that :meth:`_take_connection` read before
         #: :meth:`_store_finish` (in a 1-tuple; None: none).
         self._early_answer: tuple[Any] | None = None
@@ -964,7 +1016,6 @@ class RenderProcess:
         try:
             self._require_child(start)
             self._request_store = store
-            self._statements_ended = False
             self._send_frame(request, between)
             # A write that asks for more connections than this child was asked for
             # before opens them first: wait for its report.
@@ -1044,7 +1095,7 @@ class RenderProcess:
                     (answer[0] == "done" and type(answer[1]) is int
                      and type(answer[2]) is int)
                     or (answer[0] == "error" and type(answer[2]) is str and answer[1] in
-                        ("fenced", "unavailable", "too-large", "failed")))
+                        ("fenced", "unavailable", "too-large", "refused", "failed")))
                     and type(answer[3]) is list
                     and all(type(line) is str for line in answer[3])):
                 raise RenderProcessError(f"it answered a reply of the wrong shape "
@@ -1064,6 +1115,14 @@ class RenderProcess:
             raise StoreUnavailableError(message)
         if what == "too-large":
             raise ValueTooLargeError(message)
+        if what == "refused":  # the child is sound and keeps its connections
+            self.refusals += 1
+            log.log(logging.WARNING if self.refusals == 1 else logging.DEBUG,
+                    "pyflink-ndb %s: the write process's connection was lost and the server "
+                    "refused a new one (%s); the writer does this work itself, the child "
+                    "connects again at its next request%s", self.name, message,
+                    "" if self.refusals == 1 else f" ({self.refusals} times)")
+            return None
         self._failed(RenderProcessError(f"its work failed: {message}"), "done")
         return None
 
@@ -1122,8 +1181,6 @@ class RenderProcess:
             the writer must not write what it sent).
         """
         reply = self._receive_frame(between, None)
-        while _connection_of(reply) is not None:  # a write process's late report
-            reply = self._receive_frame(between, None)
         if not (type(reply) is tuple and len(reply) == 2 and type(reply[0]) is list
                 and len(reply[0]) == rows and type(reply[1]) is list):
             raise RenderProcessError(f"it answered a reply of the wrong shape for {rows} "
@@ -1237,46 +1294,54 @@ class RenderProcess:
         the owner row's shared lock, which the next attempt's claim waits for). Nothing
         when no request is in flight or the child has not reported its connections."""
         if self._request_store is not None:
-            self._end_statements(store)
+            self._end_statements(store, self.server_threads)
 
-    def _end_statements(self, store: StateStore) -> None:
-        """`KILL QUERY` of each of the child's connections through `store` (once per
-        request)."""
-        if not self._statements_ended:
-            self._statements_ended = True
-            for server_thread in self.server_threads:
+    def _end_statements(self, store: StateStore, server_threads: tuple[int, ...]) -> None:
+        """`KILL QUERY` of each of `server_threads` through `store` (each on a daemon
+        thread of its own; a failure is logged, never raised: the close goes on)."""
+        for server_thread in server_threads:
+            try:
                 store.kill_statement(server_thread)
+            except Exception as err:  # e.g. no thread can be started: the statement ends
+                log.debug("pyflink-ndb %s: KILL QUERY %d not sent: %s", self.name,
+                          server_thread, err)
 
     def _stop(self) -> None:
         """Stop the child. With a request in flight (the writer gives up on it: a cancel,
-        a drained close that timed out, a stall, a broken reply) the server first ends
+        a drained close that timed out, a stall, a broken reply) the server then ends
         the child's statements (:meth:`_end_statements`): killing the child closes its
         connections, but the server notices only once a statement ends, and until then
         it holds its locks, which the writer's own rewrite of the slice or the next
         attempt's claim wait for (found by a breaker: a drained close that timed out
         left two statements waiting for a row lock until its 50 s timeout, and the next
-        attempt's claim waited 30 s)."""
+        attempt's claim waited 30 s). The child is killed first, so that no statement
+        starts after the kills, and the reports of its connections that it sent before
+        it died are read first (a reconnect inside a statement's retries while the
+        writer read the next slice), so that the kills reach the connections it had."""
         request_store, self._request_store = self._request_store, None
-        if request_store is not None:
-            self._end_statements(request_store)
+        server_threads = self.server_threads
         self.server_threads = ()
         self._asked_connections = 0
         self._early_answer = None
         child, self._child = self._child, None
         if child is None:
             return
-        for stream in (child.stdin, child.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
         if child.poll() is None:
             child.kill()
         try:
             child.wait(timeout=5)
         except subprocess.TimeoutExpired:
             log.warning("pyflink-ndb %s: the render process did not exit", self.name)
+        if request_store is not None:
+            if child.poll() is not None:  # dead: its output ends, reading cannot block
+                server_threads = _last_report(child, server_threads)
+            self._end_statements(request_store, server_threads)
+        for stream in (child.stdin, child.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Stop the child (idempotent)."""
