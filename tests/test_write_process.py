@@ -84,6 +84,17 @@ def _process_options(url: str, made: list[str]) -> NdbStateOptions:
     return _options(url, ns, write_process=True, checkpoints_retained=8)
 
 
+def _checkpoint_each(sub: LocalSubtask, value: Any, keys: list[str],
+                     checkpoint_ids: tuple[int, ...]) -> None:
+    """Per id of `checkpoint_ids`: every key of `keys` holds the id, then that checkpoint
+    (which raises if it failed)."""
+    for checkpoint_id in checkpoint_ids:
+        for key in keys:
+            sub.key(key)
+            value.update(checkpoint_id)
+        sub.checkpoint(checkpoint_id)
+
+
 def _checkpointed(options, local_dir: Path, keys: list[str]):
     """A subtask with `options` whose `keys` hold "one" in checkpoint 1; (it, its value)."""
     sub = LocalSubtask(open_store(options), options, local_dir=str(local_dir))
@@ -503,11 +514,7 @@ def test_a_child_refused_by_the_connection_limit_leaves_the_writes_to_the_writer
         proxy.limit_connections(proxy.connections, errno)  # those open now, no more
         keys = [f"k{i}" for i in range(20)]
         with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
-            for checkpoint_id in (1, 2, 3, 4, 5):
-                for key in keys:
-                    sub.key(key)
-                    value.update(checkpoint_id)
-                sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
+            _checkpoint_each(sub, value, keys, (1, 2, 3, 4, 5))
         process = sub.backend.protocol.render_process
         assert proxy.refused >= 3 and process is not None
         assert process.written_epochs == 0 and not process.usable  # 3 tries, then off
@@ -570,11 +577,7 @@ def test_a_further_connection_refused_by_the_limit_leaves_the_writes_on_those_op
         proxy.limit_connections(proxy.connections + 1)  # the child's first, no more
         keys = [f"k{i}" for i in range(20)]
         with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
-            for checkpoint_id in (1, 2, 3):
-                for key in keys:
-                    sub.key(key)
-                    value.update(checkpoint_id)
-                sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
+            _checkpoint_each(sub, value, keys, (1, 2, 3))
         process = sub.backend.protocol.render_process
         assert proxy.refused >= 1 and process is not None
         assert process.written_epochs == 3 and process.fallbacks == 0
@@ -619,11 +622,7 @@ def test_a_childs_connection_lost_at_the_connection_limit_leaves_its_writes_to_t
         other = mysql_connect(url)  # another client takes the slot
         try:
             with caplog.at_level(logging.WARNING, logger="pyflink_ndb"):
-                for checkpoint_id in (2, 3, 4):
-                    for key in keys:
-                        sub.key(key)
-                        value.update(checkpoint_id)
-                    sub.checkpoint(checkpoint_id)  # raises if the checkpoint failed
+                _checkpoint_each(sub, value, keys, (2, 3, 4))
         finally:
             other.close()
         assert sub.backend.protocol.epochs_failed == 0 and process.fallbacks == 0
@@ -636,10 +635,7 @@ def test_a_childs_connection_lost_at_the_connection_limit_leaves_its_writes_to_t
             assert process.starts == 1 and process.usable
             assert caplog.text.count("the writer does this work itself") == 1
         proxy.limit_connections(None)
-        for key in keys:
-            sub.key(key)
-            value.update(5)
-        sub.checkpoint(5)  # the slot is free: the child writes again
+        _checkpoint_each(sub, value, keys, (5,))  # the slot is free: the child writes again
         assert process.written_epochs == (5 if connections == 2 else 2)
         sub.close()
         assert _restored_value(url, sub, tmp_path, 5, keys) == {k: 5 for k in keys}
