@@ -1133,7 +1133,7 @@ def test_a_crash_interrupts_a_statement_the_database_is_slow_to_answer(
     assert not protocol.writer.alive
     assert outcome and "error 2013" in str(outcome[0]), outcome
     assert wstore.retries == 0, "an interrupted statement is not retried"
-    # The server ends the statement too (KILL QUERY): it would otherwise run its 5 s
+    # The server ends the statement too (KILL CONNECTION): it would otherwise run its 5 s
     # and keep its locks.
     deadline = time.monotonic() + 3
     while store._query("SELECT COUNT(*) FROM information_schema.processlist WHERE "

@@ -73,3 +73,38 @@ def test_an_interrupt_between_two_tries_ends_the_retries(mysql_url):
             assert store._conn is None
     finally:
         drop_namespace(mysql_url, ns)
+
+
+@pytest.mark.mysql
+def test_a_killed_connection_runs_no_statement_sent_after_the_kill(mysql_url):
+    """`kill_connection` of a connection between two statements: a statement that reaches
+    the server after the kill (a stopped client's packet still in flight) must not run.
+    A `KILL QUERY` is cleared when the connection's next statement starts, which then ran
+    with its locks (found by a breaker with a proxy that held the write process's packets
+    for 300 ms: the next attempt's claim waited for that statement); `KILL CONNECTION`
+    ends the connection."""
+    import pymysql
+
+    ns = unique_namespace("kill")
+    store = open_store(NdbStateOptions(url=mysql_url, namespace=ns))
+    server = parse_mysql_url(mysql_url)
+    victim = pymysql.connect(host=server["host"], port=server["port"], user=server["user"],
+                             password=server["password"] or "", database=server["database"],
+                             autocommit=True)
+    try:
+        thread = victim.thread_id()
+        store.kill_connection(thread)  # while the victim is idle
+
+        def listed() -> bool:
+            return bool(store._read("process list", "SELECT 1 FROM information_schema."
+                                    "processlist WHERE id = ?", (thread,)))
+        deadline = time.monotonic() + 5
+        while listed() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(pymysql.err.OperationalError):
+            with victim.cursor() as cur:
+                cur.execute("SELECT 1")
+    finally:
+        victim.close()
+        store.close()
+        drop_namespace(mysql_url, ns)

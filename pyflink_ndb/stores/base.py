@@ -486,11 +486,11 @@ class StateStore(ABC):
         or None: not connected, or an engine without one (SQLite)."""
         return None
 
-    def kill_statement(self, server_thread: int) -> None:
-        """Have the server end the statement that its connection `server_thread` runs
-        (another process's connection: the write process's, :mod:`render_process`),
-        without waiting for it. The base store does nothing (SQLite's statements are
-        local)."""
+    def kill_connection(self, server_thread: int) -> None:
+        """Have the server end its connection `server_thread` and the statement it runs
+        (an abandoned connection: this store's after :meth:`interrupt`, or another
+        process's, the stopped write process's, :mod:`render_process`), without waiting
+        for it. The base store does nothing (SQLite's statements are local)."""
         return None
 
     def _retry_pause(self, seconds: float) -> None:

@@ -366,7 +366,7 @@ def connect_driver(**kwargs: Any) -> Any:
     return _Connection(**kwargs)
 
 
-#: Seconds :meth:`MysqlStateStore.interrupt`'s `KILL QUERY` may take to connect (and to
+#: Seconds :meth:`MysqlStateStore.interrupt`'s `KILL CONNECTION` may take to connect (and to
 #: wait for each answer).
 KILL_CONNECT_TIMEOUT_S = 5
 
@@ -685,7 +685,7 @@ class MysqlStateStore(StateStore):
         The server notices a closed connection only when its statement ends, and keeps
         the statement's locks until then (a fenced write holds the owner row's shared
         lock, which the next attempt's claim waits for): so a thread of its own then
-        sends `KILL QUERY` for the connection's server thread on a new connection
+        sends `KILL CONNECTION` for the connection's server thread on a new connection
         (:data:`KILL_CONNECT_TIMEOUT_S` to connect; failures are logged at DEBUG, the close
         never waits for it)."""
         conn = self._conn
@@ -696,7 +696,7 @@ class MysqlStateStore(StateStore):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         if server_thread:
-            self.kill_statement(server_thread)
+            self.kill_connection(server_thread)
 
     def server_thread(self) -> int | None:
         """See :meth:`StateStore.server_thread` (pymysql's `thread_id()`)."""
@@ -704,25 +704,33 @@ class MysqlStateStore(StateStore):
         thread = conn.thread_id() if conn is not None else None
         return int(thread) if thread else None
 
-    def kill_statement(self, server_thread: int) -> None:
-        """`KILL QUERY` of `server_thread` from a daemon thread on a short-lived connection
-        of its own (:data:`KILL_CONNECT_TIMEOUT_S` to connect; failures are logged at
-        DEBUG, the statement then ends on its own); returns at once."""
-        threading.Thread(target=self._kill_query, args=(int(server_thread),),
+    def kill_connection(self, server_thread: int) -> None:
+        """`KILL CONNECTION` of `server_thread` from a daemon thread on a short-lived
+        connection of its own (:data:`KILL_CONNECT_TIMEOUT_S` to connect; failures are
+        logged at DEBUG, the statement then ends on its own); returns at once.
+
+        A connection, not only its statement (`KILL QUERY`): a statement the client sent
+        just before it was stopped can reach the server after the kill, and a `KILL QUERY`
+        of a connection between two statements is cleared when its next statement starts,
+        which then runs with its locks (found by a breaker with a proxy that held the
+        write process's packets for 300 ms: the next attempt's claim waited for that
+        statement). Every connection this kills is abandoned anyway: the closed store's,
+        the stopped write process's."""
+        threading.Thread(target=self._kill_connection, args=(int(server_thread),),
                          name=f"pyflink-ndb-kill-{server_thread}", daemon=True).start()
 
-    def _kill_query(self, server_thread: int) -> None:
-        """`KILL QUERY` of `server_thread` on a short-lived connection of its own."""
+    def _kill_connection(self, server_thread: int) -> None:
+        """`KILL CONNECTION` of `server_thread` on a short-lived connection of its own."""
         try:
             conn = connect_driver(**self._driver_args(
                 KILL_CONNECT_TIMEOUT_S, KILL_CONNECT_TIMEOUT_S, KILL_CONNECT_TIMEOUT_S))
             try:
                 with conn.cursor() as cur:
-                    cur.execute("KILL QUERY %s", (server_thread,))
+                    cur.execute("KILL CONNECTION %s", (server_thread,))
             finally:
                 conn.close()
         except Exception as err:  # the statement then ends on its own
-            _log.debug("KILL QUERY %d at %s failed: %s", server_thread, self.address,
+            _log.debug("KILL CONNECTION %d at %s failed: %s", server_thread, self.address,
                        describe_error(err))
 
     def _is_transient(self, err: BaseException) -> bool:

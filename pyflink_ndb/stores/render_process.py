@@ -370,15 +370,16 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
     child's connections on the server whenever they change: before the work (the first
     request, a new connection) and at once after a reconnect inside a statement's
     retries (:class:`_Connections`); the writer's close has the server end their
-    statements (`KILL QUERY`, :meth:`RenderProcess.interrupt`). A further connection
+    statements (`KILL CONNECTION`, :meth:`RenderProcess.interrupt`). A further connection
     that fails to open is logged, and the writes go on the connections open
     (:meth:`_Connections.open_more`); so do the writes of a slice one of whose
     connections is lost and refused a new one by the server's connection limit
-    (:meth:`_Connections.give_up`). When the server refuses the only connection left its
-    reconnect (or a delete's), the reply is `refused`: the writer does that work on its
-    own connection, and this child keeps its connections, which connect again at the
-    next request (found by a breaker: one lost connection at the limit failed every
-    later checkpoint).
+    (:meth:`_Connections.give_up`). When the server refuses the child's first connection,
+    or the reconnect of the only connection left (or a delete's), for a connection limit,
+    the reply is `refused`: the writer does that work on its own connection, and this
+    child stays and connects again at the next request (found by breakers: one lost
+    connection at the limit failed every later checkpoint; a refused first connection
+    spent the child's starts and left the write process off for good).
 
     :returns: the final reply without its log lines (:func:`serve` adds them),
         `("done", rows, retries)` (rows written or deleted, the store's retries meanwhile)
@@ -397,7 +398,7 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
                 connections = _Connections(store_bytes, reply)
             except StoreUnavailableError as err:
                 if _connection_limit(err):  # the writer's own connection may still work
-                    return ("error", "failed", f"its connection was refused: {err}")
+                    return ("error", "refused", str(err))  # tried again next request
                 raise
             stores[store_bytes] = connections
         # The writer's close has the server end these connections' statements (KILL
@@ -1118,9 +1119,9 @@ class RenderProcess:
         if what == "refused":  # the child is sound and keeps its connections
             self.refusals += 1
             log.log(logging.WARNING if self.refusals == 1 else logging.DEBUG,
-                    "pyflink-ndb %s: the write process's connection was lost and the server "
-                    "refused a new one (%s); the writer does this work itself, the child "
-                    "connects again at its next request%s", self.name, message,
+                    "pyflink-ndb %s: the server refused the write process's connection "
+                    "(%s); the writer does this work itself, and the child connects again "
+                    "at its next request%s", self.name, message,
                     "" if self.refusals == 1 else f" ({self.refusals} times)")
             return None
         self._failed(RenderProcessError(f"its work failed: {message}"), "done")
@@ -1286,8 +1287,8 @@ class RenderProcess:
 
     def interrupt(self, store: StateStore) -> None:
         """End the statements the child runs for a write or delete in flight: the server
-        ends them (`KILL QUERY` of each of the child's connections, through `store`'s
-        :meth:`~StateStore.kill_statement`, which returns at once). For the writer's close
+        ends them (`KILL CONNECTION` of each of the child's connections, through `store`'s
+        :meth:`~StateStore.kill_connection`, which returns at once). For the writer's close
         (:meth:`BackgroundWriter.close <pyflink_ndb.checkpoint.writer.BackgroundWriter.close>`),
         which then stops the child: the server notices a killed client only once its
         statement ends, and until then the statement holds its locks (a fenced write holds
@@ -1297,13 +1298,13 @@ class RenderProcess:
             self._end_statements(store, self.server_threads)
 
     def _end_statements(self, store: StateStore, server_threads: tuple[int, ...]) -> None:
-        """`KILL QUERY` of each of `server_threads` through `store` (each on a daemon
+        """`KILL CONNECTION` of each of `server_threads` through `store` (each on a daemon
         thread of its own; a failure is logged, never raised: the close goes on)."""
         for server_thread in server_threads:
             try:
-                store.kill_statement(server_thread)
+                store.kill_connection(server_thread)
             except Exception as err:  # e.g. no thread can be started: the statement ends
-                log.debug("pyflink-ndb %s: KILL QUERY %d not sent: %s", self.name,
+                log.debug("pyflink-ndb %s: KILL CONNECTION %d not sent: %s", self.name,
                           server_thread, err)
 
     def _stop(self) -> None:
