@@ -30,9 +30,9 @@ Figures (see README, "Benchmarks"):
    `kjson`, and through `pyflink-ndb get`'s read path: reads/s, p50/p99/p99.9, EXPLAIN;
 7. the user-profile job (`--only profile`, bench/profile.py; issue 9, workload b): per
    Zipf-drawn user a ValueState, a MapState with TTL and a ListState (about 1 KB), on
-   hashmap, RocksDB full and incremental, pyflink-ndb on SQLite and MariaDB, each in a
-   fresh JVM: records/s, Flink's checkpoint end-to-end and sync durations, the JVM's
-   peak RSS;
+   hashmap, RocksDB full and incremental, pyflink-ndb on SQLite and MariaDB (and RocksDB
+   and pyflink-ndb with unaligned checkpoints), each in a fresh JVM: records/s, Flink's
+   checkpoint end-to-end, start delay, alignment and sync durations, the JVM's peak RSS;
 8. recovery and rescale (`--only recovery-rescale`, bench/recovery.py; issue 9, workload c): N
    keys × 1 KB built, a failure after a covering checkpoint, a 10,000-record probe of
    random keys; stop-with-savepoint and a restore at another parallelism; on every
