@@ -677,7 +677,7 @@ def bench_profile(mysql_url: str, prefix: str, work: Path, duration_s: float,
     return out
 
 
-def _mib(kb: int | None) -> str:
+def _mib(kb: float | None) -> str:
     return "–" if kb is None else f"{kb / 1024:,.0f}"
 
 

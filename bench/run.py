@@ -1571,6 +1571,8 @@ def summary_markdown(meta: dict, results: dict) -> str:
              "read the ratios, not the absolute figures.", ""]
     tp = results.get("throughput")
     if tp:
+        from bench.profile import _mib
+
         lines += ["## 1. Throughput (flight-delays job, records/s from net runtime)", "",
                   f"Uniform: {tp['uniform_records']:,} flights, {tp['uniform_keys']:,} tail "
                   f"numbers. Zipf: the same flights re-keyed to {ZIPF_KEYS:,} keys (s={ZIPF_S}, "
@@ -1607,9 +1609,6 @@ def summary_markdown(meta: dict, results: dict) -> str:
         def ms(value: float | None) -> str:
             return "–" if value is None else f"{value:,.0f}"
 
-        def mib(kb: float | None) -> str:
-            return "–" if kb is None else f"{kb / 1024:,.0f}"
-
         for dist in ("uniform", "zipf"):
             for kind in BACKENDS:
                 r = runs[f"{kind}/{dist}"]
@@ -1617,7 +1616,7 @@ def summary_markdown(meta: dict, results: dict) -> str:
                              f"{ms(r.get('e2e_median_ms'))} | {ms(r.get('sync_median_ms'))}"
                              f" / {ms(r.get('sync_max_ms'))} | "
                              f"{ms(r.get('async_median_ms'))} | "
-                             f"{mib(r.get('java_peak_kb'))} / {mib(r.get('java_hwm_kb'))} |")
+                             f"{_mib(r.get('java_peak_kb'))} / {_mib(r.get('java_hwm_kb'))} |")
         lines.append("")
     rec = results.get("recovery")
     if rec:

@@ -394,15 +394,11 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
             for old in stores.values():
                 old.close()
             stores.clear()
-            try:
-                connections = _Connections(store_bytes, reply)
-            except StoreUnavailableError as err:
-                if _connection_limit(err):  # the writer's own connection may still work
-                    return ("error", "refused", str(err))  # tried again next request
-                raise
+            # A refused first connection is answered `refused` below, as a refused reconnect.
+            connections = _Connections(store_bytes, reply)
             stores[store_bytes] = connections
-        # The writer's close has the server end these connections' statements (KILL
-        # QUERY) when it stops this child mid-request: tell it which connections they are.
+        # The writer's close has the server end these connections (KILL CONNECTION) when it
+        # stops this child mid-request: tell it which connections they are.
         connections.open_more(args[3] if kind == "write" else 1)
         before = connections.retries()
         store = connections.stores[0]
@@ -428,8 +424,8 @@ def _serve_store(request: tuple[Any, ...], stores: dict[bytes, _Connections],
     except FencedError as err:
         return ("error", "fenced", str(err))
     except StoreUnavailableError as err:
-        if _connection_limit(err):  # lost, and its reconnect refused: not an outage
-            return ("error", "refused", str(err))  # the connection tries again next time
+        if _connection_limit(err):  # not an outage: the writer's own connection may work
+            return ("error", "refused", str(err))  # connected again at the next request
         return ("error", "unavailable", str(err))
     except ValueTooLargeError as err:
         return ("error", "too-large", str(err))
@@ -779,7 +775,7 @@ class RenderProcess:
         self._asked_connections = 0
         #: The writer's store while a write or delete request is with the child (from its
         #: send to its reply; None: none): the store through which the server is asked
-        #: to end the child's statements (:meth:`_end_statements`).
+        #: to end the child's statements (:meth:`_kill_connections`).
         self._request_store: StateStore | None = None
         #: A frame of the reply that :meth:`_take_connection` read before
         #: :meth:`_store_finish` (in a 1-tuple; None: none).
@@ -1295,9 +1291,9 @@ class RenderProcess:
         the owner row's shared lock, which the next attempt's claim waits for). Nothing
         when no request is in flight or the child has not reported its connections."""
         if self._request_store is not None:
-            self._end_statements(store, self.server_threads)
+            self._kill_connections(store, self.server_threads)
 
-    def _end_statements(self, store: StateStore, server_threads: tuple[int, ...]) -> None:
+    def _kill_connections(self, store: StateStore, server_threads: tuple[int, ...]) -> None:
         """`KILL CONNECTION` of each of `server_threads` through `store` (each on a daemon
         thread of its own; a failure is logged, never raised: the close goes on)."""
         for server_thread in server_threads:
@@ -1310,7 +1306,7 @@ class RenderProcess:
     def _stop(self) -> None:
         """Stop the child. With a request in flight (the writer gives up on it: a cancel,
         a drained close that timed out, a stall, a broken reply) the server then ends
-        the child's statements (:meth:`_end_statements`): killing the child closes its
+        the child's statements (:meth:`_kill_connections`): killing the child closes its
         connections, but the server notices only once a statement ends, and until then
         it holds its locks, which the writer's own rewrite of the slice or the next
         attempt's claim wait for (found by a breaker: a drained close that timed out
@@ -1336,7 +1332,7 @@ class RenderProcess:
         if request_store is not None:
             if child.poll() is not None:  # dead: its output ends, reading cannot block
                 server_threads = _last_report(child, server_threads)
-            self._end_statements(request_store, server_threads)
+            self._kill_connections(request_store, server_threads)
         for stream in (child.stdin, child.stdout):
             try:
                 if stream is not None:
