@@ -1569,6 +1569,9 @@ def summary_markdown(meta: dict, results: dict) -> str:
              "restore-rows, "
              "pyflink-ndb cache 10,000 entries per subtask. One run on a noisy machine: "
              "read the ratios, not the absolute figures.", ""]
+    from bench.targets import markdown as targets_markdown
+
+    lines += targets_markdown(results)
     tp = results.get("throughput")
     if tp:
         from bench.profile import _mib

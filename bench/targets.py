@@ -1,0 +1,156 @@
+"""Issue 9's targets from one `make bench` run: each target, the run's figures and whether
+they meet it, gathered from the parts that measure them (part 1 for workload a, part 7 for
+b, part 8 for c, part 6 for the committed-state reads). Reported, never enforced: the
+benchmark never fails the build.
+
+The pyflink-ndb figure of each target is its default configuration on MariaDB (the stand-in
+for RonDB here: `ndb-mariadb` in every part), against the best RocksDB configuration of the
+same run and part: the highest records/s and, separately, the shortest median checkpoint
+(full, incremental or, in part 7, unaligned incremental checkpoints).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The pyflink-ndb run each target reads (its defaults, on MariaDB).
+NDB = "ndb-mariadb"
+#: Reads of part 6 that are not a read of the state (the round trip's floor).
+FLOOR_READS = ("floor", "floor_c")
+READS_PER_S = 10_000
+READ_P99_MS = 1.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of the issue: `met` is None where the run lacks a figure it needs."""
+
+    workload: str
+    target: str
+    measured: str
+    met: bool | None
+
+
+def _rocksdb(runs: Mapping[str, Mapping[str, Any]], prefix: str = "rocksdb"
+             ) -> list[Mapping[str, Any]]:
+    return [r for k, r in runs.items() if k.startswith(prefix) and "error" not in r]
+
+
+def _flight_zipf(tp: Mapping[str, Any]) -> list[Target]:
+    """Workload (a): part 1's Zipf flight job."""
+    runs = tp["runs"]
+    mine = runs.get(f"{NDB}/zipf")
+    rocks = {k.split("/")[0]: r for k, r in runs.items()
+             if k.startswith("rocksdb") and k.endswith("/zipf")}
+    if not mine or not rocks:
+        return [Target("(a) flight job, Zipf keys", "records/s ≥ 1.0× the best RocksDB",
+                       "not measured", None)]
+    best = max(rocks.values(), key=lambda r: r["records_per_s"])
+    rate = mine["records_per_s"] / best["records_per_s"]
+    out = [Target("(a) flight job, Zipf keys", "records/s ≥ 1.0× the best RocksDB",
+                  f"{mine['records_per_s']:,.0f} against {best['records_per_s']:,.0f} "
+                  f"= {rate:.2f}×", rate >= 1.0)]
+    e2e = {k: r["e2e_median_ms"] for k, r in rocks.items() if r.get("e2e_median_ms")}
+    if mine.get("e2e_median_ms") and e2e:
+        shortest = min(e2e.values())
+        out.append(Target("(a) flight job, Zipf keys", "checkpoint ≤ RocksDB's (median end "
+                          "to end, shortest configuration)",
+                          f"{mine['e2e_median_ms']:,.0f} ms against {shortest:,.0f} ms",
+                          mine["e2e_median_ms"] <= shortest))
+    return out
+
+
+def _user_profile(profile: Mapping[str, Any]) -> list[Target]:
+    """Workload (b): part 7's user-profile job."""
+    runs = profile["runs"]
+    mine = runs.get(NDB)
+    rocks = [r for r in _rocksdb(runs) if r.get("records_per_s")]
+    if not mine or "error" in mine or not rocks:
+        return [Target("(b) user-profile job", "records/s ≥ 1.0× the best RocksDB",
+                       "not measured", None)]
+    best = max(rocks, key=lambda r: r["records_per_s"])
+    rate = mine["records_per_s"] / best["records_per_s"]
+    out = [Target("(b) user-profile job", "records/s ≥ 1.0× the best RocksDB",
+                  f"{mine['records_per_s']:,.0f} against {best['records_per_s']:,.0f} "
+                  f"({best['label']}) = {rate:.2f}×", rate >= 1.0)]
+    timed = [r for r in rocks if r.get("e2e_median_ms")]
+    if mine.get("e2e_median_ms") and timed:
+        shortest = min(timed, key=lambda r: r["e2e_median_ms"])
+        out.append(Target("(b) user-profile job", "checkpoint ≤ RocksDB's (median end to "
+                          "end, shortest configuration)",
+                          f"{mine['e2e_median_ms']:,.0f} ms against "
+                          f"{shortest['e2e_median_ms']:,.0f} ms ({shortest['label']})",
+                          mine["e2e_median_ms"] <= shortest["e2e_median_ms"]))
+    return out
+
+
+def _recovery(rr: Mapping[str, Any]) -> list[Target]:
+    """Workload (c): part 8's targets, computed there (`bench.recovery.derive`)."""
+    t = (rr.get("targets") or {}).get(NDB)
+    if not t:
+        return [Target("(c) recovery", "failure → first record", "not measured", None)]
+    sizes = rr["sizes"]
+    out = []
+    fr = t.get("first_record")
+    if fr:
+        vs = "–" if fr["vs_rocksdb"] is None else f"{fr['vs_rocksdb']:.2f}×"
+        out.append(Target("(c) recovery", f"failure → first record at {sizes[-1]:,} keys "
+                          f"≤ 1.2× the {sizes[0]:,}-key case and ≤ RocksDB's",
+                          f"{fr['growth']:.2f}× the {sizes[0]:,}-key case; {vs} RocksDB",
+                          fr["met"]))
+
+    def listed(ratios: list[float]) -> str:
+        return ", ".join(f"{x:.2f}×" for x in ratios) + f" at {', '.join(f'{n:,}' for n in sizes)}"
+    out.append(Target("(c) recovery", "failure → probe end ≤ 1.5× RocksDB's",
+                      listed(t["probe_end"]["ratios"]), t["probe_end"]["met"]))
+    out.append(Target("(c) recovery", "rescale via savepoint ≤ RocksDB's at every size",
+                      listed(t["rescale"]["ratios"]), t["rescale"]["met"]))
+    return out
+
+
+def _reads(reads: Mapping[str, Any]) -> list[Target]:
+    """Committed-state reads: part 6's fastest read of the state from one client."""
+    queries = {k: q for k, q in reads["queries"].items() if k not in FLOOR_READS}
+    if not queries:
+        return [Target("reads", "≥ 10,000 point reads/s, p99 ≤ 1 ms", "not measured", None)]
+    from bench.reads import LABELS
+
+    label, best = max(queries.items(), key=lambda kv: kv[1]["reads_per_s"])
+    floor = reads["queries"].get("floor")
+    return [Target("reads", f"≥ {READS_PER_S:,} point reads/s from one client, p99 ≤ "
+                   f"{READ_P99_MS:g} ms",
+                   f"{best['reads_per_s']:,.0f}/s, p99 {best['p99_ms']:.3f} ms "
+                   f"({LABELS.get(label, label)})"
+                   + ("" if not floor else f"; `SELECT 1` {floor['reads_per_s']:,.0f}/s"),
+                   best["reads_per_s"] >= READS_PER_S and best["p99_ms"] <= READ_P99_MS)]
+
+
+def targets(results: Mapping[str, Any]) -> list[Target]:
+    """Every target the parts of `results` (bench.run's `results` of results.json) measure;
+    a part that did not run contributes nothing."""
+    out: list[Target] = []
+    if results.get("throughput"):
+        out += _flight_zipf(results["throughput"])
+    if results.get("profile"):
+        out += _user_profile(results["profile"])
+    if results.get("recovery_rescale"):
+        out += _recovery(results["recovery_rescale"])
+    if results.get("reads"):
+        out += _reads(results["reads"])
+    return out
+
+
+def markdown(results: Mapping[str, Any]) -> list[str]:
+    """The summary's section of the targets; empty when no part measures one."""
+    rows = targets(results)
+    if not rows:
+        return []
+    lines = ["## Issue 9's targets in this run", "",
+             f"pyflink-ndb's defaults on MariaDB (`{NDB}`) against the best RocksDB "
+             "configuration of the same part; reported, never enforced.", "",
+             "| workload | target | measured | met |", "|---|---|---|---|"]
+    for t in rows:
+        met = "–" if t.met is None else "yes" if t.met else "**no**"
+        lines.append(f"| {t.workload} | {t.target} | {t.measured} | {met} |")
+    return lines + [""]

@@ -1,0 +1,57 @@
+"""The issue-9 target table of `make bench`'s summary (bench/targets.py): which figures of
+which part each target reads, and its verdict. The figures are made up; the parts that
+produce them run in `make bench`."""
+from bench.targets import markdown, targets
+
+
+def _results(ndb_zipf: float, ndb_profile_e2e: float) -> dict:
+    return {
+        "throughput": {"runs": {
+            "rocksdb/zipf": {"records_per_s": 9_000.0, "e2e_median_ms": 500.0},
+            "rocksdb-incremental/zipf": {"records_per_s": 10_000.0, "e2e_median_ms": 400.0},
+            "rocksdb/uniform": {"records_per_s": 99_999.0, "e2e_median_ms": 1.0},
+            "ndb-mariadb/zipf": {"records_per_s": ndb_zipf, "e2e_median_ms": 200.0}}},
+        "profile": {"runs": {
+            "rocksdb-incremental": {"label": "RocksDB inc", "records_per_s": 6_000.0,
+                                    "e2e_median_ms": 4_000.0},
+            "rocksdb-unaligned": {"label": "RocksDB unaligned", "records_per_s": 7_000.0,
+                                  "e2e_median_ms": 100.0},
+            "rocksdb-full": {"label": "RocksDB full", "error": "exit 1"},
+            "ndb-mariadb": {"label": "ndb", "records_per_s": 7_700.0,
+                            "e2e_median_ms": ndb_profile_e2e}}},
+        "recovery_rescale": {"sizes": [10_000, 1_000_000], "targets": {"ndb-mariadb": {
+            "first_record": {"growth": 1.3, "vs_rocksdb": 0.5, "met": False},
+            "probe_end": {"ratios": [0.8, 1.4], "met": True},
+            "rescale": {"ratios": [0.9, 0.5], "met": True}}}},
+        "reads": {"queries": {
+            "floor": {"reads_per_s": 20_000.0, "p99_ms": 0.1},
+            "pk": {"reads_per_s": 5_000.0, "p99_ms": 0.4},
+            "pk_versions": {"reads_per_s": 6_000.0, "p99_ms": 0.5}}},
+    }
+
+
+def test_each_target_compares_the_defaults_with_the_best_rocksdb_of_its_part():
+    rows = targets(_results(ndb_zipf=10_500.0, ndb_profile_e2e=90.0))
+    verdicts = [(t.workload, t.target.split(" ")[0], t.met) for t in rows]
+    assert verdicts == [
+        ("(a) flight job, Zipf keys", "records/s", True),  # 10,500 against 10,000, not 99,999
+        ("(a) flight job, Zipf keys", "checkpoint", True),  # 200 ms against 400 ms
+        ("(b) user-profile job", "records/s", True),  # against unaligned, the failed run left out
+        ("(b) user-profile job", "checkpoint", True),  # 90 ms against unaligned's 100 ms
+        ("(c) recovery", "failure", False),
+        ("(c) recovery", "failure", True),
+        ("(c) recovery", "rescale", True),
+        ("reads", "≥", False),  # the floor is not a read of the state
+    ]
+    assert "1.05×" in rows[0].measured and "1.10×" in rows[2].measured
+    assert "6,000/s" in rows[-1].measured and "`SELECT 1` 20,000/s" in rows[-1].measured
+    assert "0.80×, 1.40× at 10,000, 1,000,000" == rows[5].measured
+
+
+def test_a_missed_target_is_marked_in_the_summary():
+    table = "\n".join(markdown({"profile": _results(10_000.0, 6_200.0)["profile"]}))
+    assert "| (b) user-profile job | records/s ≥ 1.0× the best RocksDB | 7,700 against " \
+           "7,000 (RocksDB unaligned) = 1.10× | yes |" in table
+    assert "6,200 ms against 100 ms (RocksDB unaligned) | **no** |" in table
+    assert "(a)" not in table  # part 1 did not run: no row, no verdict
+    assert markdown({}) == []
