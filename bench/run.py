@@ -2050,6 +2050,11 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         if name in parts:
             progress.update(1)
             progress.set_postfix_str(f"{name} done")
+            # Saved after each part: a run cut short keeps the parts it finished
+            # (`--replot` renders them).
+            meta["elapsed_s"] = time.monotonic() - started
+            (out_dir / "results.json").write_text(
+                json.dumps({"meta": meta, "results": results}, indent=2))
     if "throughput" in parts:
         results["throughput"] = bench_throughput(40_000 if quick else None, mysql_url,
                                                  parallelism, rounds)
