@@ -84,6 +84,8 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
      "ndb-mariadb", "lazy"),
     ("ndb-mariadb-nobundle", "pyflink-ndb MariaDB, bundle.records 0 (one call per record)",
      "ndb-mariadb", "lazy"),
+    ("ndb-mariadb-nojson", "pyflink-ndb MariaDB, write.value-json false", "ndb-mariadb",
+     "lazy"),
     ("rocksdb-unaligned", "Flink RocksDB, incremental, unaligned checkpoints", "rocksdb", None),
     ("ndb-mariadb-unaligned", "pyflink-ndb MariaDB, unaligned checkpoints", "ndb-mariadb",
      "lazy"),
@@ -92,14 +94,15 @@ _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-mariadb": "my", "ndb-mariadb-background": "my_bg",
           "ndb-mariadb-render": "my_rp", "ndb-mariadb-thread": "my_th",
           "ndb-mariadb-cache": "my_ca", "ndb-mariadb-nobundle": "my_nb",
-          "ndb-mariadb-unaligned": "my_un"}
+          "ndb-mariadb-nojson": "my_nj", "ndb-mariadb-unaligned": "my_un"}
 #: More pyflink-ndb options of a backend (`ndb-mariadb` runs the defaults: on 2 CPUs or
 #: more, `write.process: auto` turns the write process on).
 _EXTRA_OPTIONS = {"ndb-mariadb-render": {"state.backend.ndb.write.render-process": "true",
                                         "state.backend.ndb.write.process": "false"},
                   "ndb-mariadb-thread": {"state.backend.ndb.write.process": "false"},
                   "ndb-mariadb-cache": {"state.backend.ndb.cache.max-entries": "20000"},
-                  "ndb-mariadb-nobundle": {"state.backend.ndb.bundle.records": "0"}}
+                  "ndb-mariadb-nobundle": {"state.backend.ndb.bundle.records": "0"},
+                  "ndb-mariadb-nojson": {"state.backend.ndb.write.value-json": "false"}}
 #: More Flink configuration of a backend: unaligned checkpoints (Flink's
 #: `execution.checkpointing.unaligned.enabled`) take the records in flight into the
 #: checkpoint instead of waiting for them, which under back-pressure is RocksDB's shortest

@@ -99,6 +99,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "1: one connection, the transactions one after the other. A further "
                "connection that fails to open is logged and tried again after 60 s; the "
                "writes go on those open."),
+    OptionSpec("write.value-json", "write_value_json", True,
+               "Write each value's JSON form (`vjson`) beside its pickled bytes, for SQL "
+               "clients (the views `<ns>_committed` and `<ns>_committed_rows`, the "
+               "documented point reads). `false`: values written from then on have `vjson` "
+               "NULL, as a value without a JSON form has; the package itself and the CLI "
+               "read the pickled bytes, so the job and its restores are unchanged. Halves "
+               "the bytes a checkpoint writes for values that do have a JSON form, and "
+               "spares the writer their JSON encoding (README, Benchmarks, part 7)."),
     OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,
                "Bound (bytes, estimated: values + keys + 120 per entry) of the frozen "
                "checkpoints not yet written; a checkpoint that would exceed it waits in "
@@ -216,6 +224,7 @@ class NdbStateOptions:
     write_render_process: bool = False
     write_process: str = "auto"
     write_process_connections: int = 2
+    write_value_json: bool = True
     write_max_pending_bytes: int = 256 * 1024 * 1024
     python_gc_freeze: bool = True
     python_cpu_pin: str = "off"

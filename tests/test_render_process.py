@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import drop_namespace, mysql_connect, unique_namespace
@@ -537,16 +538,20 @@ def _options(url: str, namespace: str, **extra) -> NdbStateOptions:
                            on_fresh_start="truncate", **extra)
 
 
-def _fill(sub: LocalSubtask, n: int, cp_start: int, checkpoints: int) -> None:
+def _fill_states(sub: LocalSubtask) -> tuple[Any, Any, Any]:
+    """The states `_fill` writes: a ValueState, a MapState and a ListState with TTL."""
     ttl = (StateTtlConfig.new_builder(Time.milliseconds(3_600_000))
            .update_ttl_on_create_and_write().build())
-    value = sub.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
     seen = MapStateDescriptor("m", Types.STRING(), Types.LONG())
     seen.enable_time_to_live(ttl)
-    mapped = sub.context.get_map_state(seen)
     listed = ListStateDescriptor("l", Types.PICKLED_BYTE_ARRAY())
     listed.enable_time_to_live(ttl)
-    recent = sub.context.get_list_state(listed)
+    return (sub.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY())),
+            sub.context.get_map_state(seen), sub.context.get_list_state(listed))
+
+
+def _fill(sub: LocalSubtask, n: int, cp_start: int, checkpoints: int) -> None:
+    value, mapped, recent = _fill_states(sub)
     for cp in range(cp_start, cp_start + checkpoints):
         for i in range(n):
             sub.key(f"user-{i}")
@@ -820,3 +825,38 @@ def test_a_child_that_answers_garbage_falls_back_without_failing_a_checkpoint(
             [-i for i in range(5)]
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("option", [None, *CHILD_OPTIONS])
+def test_without_value_json_the_rows_differ_only_in_vjson_and_restore_alike(
+        mysql_url: str, tmp_path: Path, namespaces: list[str], option: str | None) -> None:
+    """`write.value-json: false` on each write path (the writer's thread, the render
+    process, the write process): `vjson` is NULL in every row, every other column is as
+    with it on (the key's JSON too), and the state restores and reads from SQL alike."""
+    stored, subs = [], []
+    for value_json in (True, False):
+        ns = unique_namespace("vj")
+        namespaces.append(ns)
+        extra = {"write_value_json": value_json, **({option: True} if option else {})}
+        sub = _run(mysql_url, ns, tmp_path, **extra)
+        _fill(sub, 120, 1, 3)
+        process = sub.backend.protocol.render_process
+        assert (process is None) == (option is None)
+        sub.close()
+        stored.append(_rows(mysql_url, ns))
+        subs.append((ns, sub))
+    with_json, without = stored
+    assert [r[:8] + r[9:] for r in with_json] == [r[:8] + r[9:] for r in without]
+    assert sum(r[8] is not None for r in with_json) > 200  # the map's and lists' values
+    assert all(r[8] is None for r in without) and all(r[9] is not None for r in without
+                                                      if not r[4])  # kjson stays
+    ns, sub = subs[1]
+    restored = LocalSubtask(open_store(_options(mysql_url, ns)), _options(mysql_url, ns),
+                            restored_checkpoint_id=3, storage=sub.storage,
+                            local_dir=str(tmp_path / "again"))
+    value, mapped, recent = _fill_states(restored)
+    restored.key("user-8")
+    assert value.value()["cp"] == 3
+    assert dict(mapped.items()) == {"e2": 3}  # user-8 puts e{8 % 3} only
+    assert list(recent.get()) == [(1, 8), (2, 8), (3, 8)]
+    restored.close()

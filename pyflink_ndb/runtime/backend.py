@@ -39,7 +39,12 @@ from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.interpreter import freeze_start_up_heap
 from pyflink_ndb.runtime.key_groups import KeyGroupCalculator
 from pyflink_ndb.serialization.keys import encode_key
-from pyflink_ndb.serialization.values import PLAIN_JSON, SERIALIZER_NAME, JsonRenderer
+from pyflink_ndb.serialization.values import (
+    NO_JSON,
+    PLAIN_JSON,
+    SERIALIZER_NAME,
+    JsonRenderer,
+)
 from pyflink_ndb.stores.base import StateStore, now_ms
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.lineage import Token
@@ -272,7 +277,8 @@ class SubtaskStateBackend:
                        prefix_keyed: bool = False,
                        json_of: JsonRenderer = PLAIN_JSON) -> int:
         """Declare a state of this operator; returns its state id. `json_of` renders its
-        stored values for the JSON column.
+        stored values for the JSON column (:data:`NO_JSON` instead with
+        `write.value-json: false`).
 
         :raises StateCompatibilityError: incompatible with the stored declaration.
         """
@@ -283,7 +289,7 @@ class SubtaskStateBackend:
             self.table.prefix_states.add(state_id)
         if ttl_ms is not None:
             self.protocol.add_ttl_state(state_id)
-        self._json_renderers[state_id] = json_of
+        self._json_renderers[state_id] = json_of if self.options.write_value_json else NO_JSON
         return state_id
 
     # -- current key ----------------------------------------------------------------------

@@ -127,16 +127,21 @@ class JsonRenderer:
         list of its elements.
     :param ttl: the list's elements are stored as `(value, expires_at_ms)` pairs (a ListState
         with TTL); the JSON holds the values.
+    :param values: False: no value has JSON (`write.value-json: false`); the bytes are not
+        even unpickled.
     """
 
     list_segments: bool = False
     ttl: bool = False
+    values: bool = True
 
     def __call__(self, data: bytes) -> str | None:
         """JSON of stored value bytes (:func:`value_json`), or None.
 
         :raises SerializationError: the bytes cannot be unpickled here.
         """
+        if not self.values:
+            return None
         value = decode_value(data)
         if not self.list_segments:
             return value_json(value)
@@ -148,3 +153,5 @@ class JsonRenderer:
 #: The renderer of every state but a ListState (ValueState, MapState entries, Reducing and
 #: AggregatingState).
 PLAIN_JSON = JsonRenderer()
+#: The renderer of every state with `write.value-json: false`: `vjson` stays NULL.
+NO_JSON = JsonRenderer(values=False)
