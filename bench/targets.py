@@ -43,7 +43,7 @@ def _flight_zipf(tp: Mapping[str, Any]) -> list[Target]:
     mine = runs.get(f"{NDB}/zipf")
     rocks = {k.split("/")[0]: r for k, r in runs.items()
              if k.startswith("rocksdb") and k.endswith("/zipf")}
-    if not mine or not rocks:
+    if not mine or not mine.get("records_per_s") or not rocks:
         return [Target("(a) flight job, Zipf keys", "records/s ≥ 1.0× the best RocksDB",
                        "not measured", None)]
     best = max(rocks.values(), key=lambda r: r["records_per_s"])
@@ -66,7 +66,7 @@ def _user_profile(profile: Mapping[str, Any]) -> list[Target]:
     runs = profile["runs"]
     mine = runs.get(NDB)
     rocks = [r for r in _rocksdb(runs) if r.get("records_per_s")]
-    if not mine or "error" in mine or not rocks:
+    if not mine or not mine.get("records_per_s") or not rocks:
         return [Target("(b) user-profile job", "records/s ≥ 1.0× the best RocksDB",
                        "not measured", None)]
     best = max(rocks, key=lambda r: r["records_per_s"])
@@ -100,30 +100,40 @@ def _recovery(rr: Mapping[str, Any]) -> list[Target]:
                           f"{fr['growth']:.2f}× the {sizes[0]:,}-key case; {vs} RocksDB",
                           fr["met"]))
 
-    def listed(ratios: list[float]) -> str:
-        return ", ".join(f"{x:.2f}×" for x in ratios) + f" at {', '.join(f'{n:,}' for n in sizes)}"
+    ratios = {str(n): (rr["runs"].get(f"{NDB}/{n}") or {}).get("ratios") or {}
+              for n in sizes}
+
+    def listed(metric: str) -> str:
+        return ", ".join(f"{n:,} keys " + ("–" if ratios[str(n)].get(metric) is None
+                                           else f"{ratios[str(n)][metric]:.2f}×")
+                         for n in sizes)
     out.append(Target("(c) recovery", "failure → probe end ≤ 1.5× RocksDB's",
-                      listed(t["probe_end"]["ratios"]), t["probe_end"]["met"]))
+                      listed("failure_to_probe_end_s"), t["probe_end"]["met"]))
     out.append(Target("(c) recovery", "rescale via savepoint ≤ RocksDB's at every size",
-                      listed(t["rescale"]["ratios"]), t["rescale"]["met"]))
+                      listed("rescale_s"), t["rescale"]["met"]))
     return out
 
 
 def _reads(reads: Mapping[str, Any]) -> list[Target]:
-    """Committed-state reads: part 6's fastest read of the state from one client."""
-    queries = {k: q for k, q in reads["queries"].items() if k not in FLOOR_READS}
+    """Committed-state reads: part 6's reads of the state from one client that answered
+    every read correctly; met when one of them meets both limits (else the fastest is
+    shown)."""
+    queries = {k: q for k, q in reads["queries"].items()
+               if k not in FLOOR_READS and q.get("correct") == q["reads"]}
     if not queries:
         return [Target("reads", "≥ 10,000 point reads/s, p99 ≤ 1 ms", "not measured", None)]
     from bench.reads import LABELS
 
-    label, best = max(queries.items(), key=lambda kv: kv[1]["reads_per_s"])
+    def meets(q: Mapping[str, Any]) -> bool:
+        return q["reads_per_s"] >= READS_PER_S and q["p99_ms"] <= READ_P99_MS
+    label, best = max(queries.items(), key=lambda kv: (meets(kv[1]), kv[1]["reads_per_s"]))
     floor = reads["queries"].get("floor")
     return [Target("reads", f"≥ {READS_PER_S:,} point reads/s from one client, p99 ≤ "
                    f"{READ_P99_MS:g} ms",
                    f"{best['reads_per_s']:,.0f}/s, p99 {best['p99_ms']:.3f} ms "
                    f"({LABELS.get(label, label)})"
                    + ("" if not floor else f"; `SELECT 1` {floor['reads_per_s']:,.0f}/s"),
-                   best["reads_per_s"] >= READS_PER_S and best["p99_ms"] <= READ_P99_MS)]
+                   meets(best))]
 
 
 def targets(results: Mapping[str, Any]) -> list[Target]:

@@ -16,7 +16,7 @@ from pyflink_ndb.config import NdbStateOptions, redact_url, resolve_sqlite_url
 from pyflink_ndb.errors import NdbStateError, StaleReadError
 from pyflink_ndb.operator_ids import operator_id_of_uid
 from pyflink_ndb.serialization.keys import decode_key, split_key
-from pyflink_ndb.serialization.values import decode_value
+from pyflink_ndb.serialization.values import JsonRenderer, decode_value, json_renderer
 from pyflink_ndb.stores.base import SnapshotRow, StateStore
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.inspect import (
@@ -126,11 +126,13 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
         printed = 0
         for op in ops:
             page = min(limit, 1000) if limit else 1000
+            renderers = {int(r["state_id"]): json_renderer(r["state_kind"],
+                                                           ttl=r["ttl_ms"] is not None)
+                         for r in store.catalog(op)}
             for row in store.iter_committed(op, state_name, page_rows=page):
                 if limit and printed >= limit:
                     break
-                value = decode_value(row["vbytes"]) if row["vjson"] is None else json.loads(
-                    row["vjson"])
+                value = _printed_value(row, renderers[int(row["state_id"])])
                 prefix, rest = split_key(row["ukey"])
                 key = (json.loads(row["kjson"]) if row["kjson"] is not None
                        else to_jsonable(decode_key(prefix)))
@@ -142,6 +144,19 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
                 printed += 1
         noun = "entry" if printed == 1 else "entries"
         click.echo(f"-- {printed} committed {noun} printed from {store.describe()}", err=True)
+
+
+def _printed_value(row: dict[str, Any], renderer: JsonRenderer) -> Any:
+    """The value `query` prints for a committed row: its `vjson`, else the JSON its state's
+    renderer makes of its bytes (a value written with `write.value-json: false`, or over
+    one chunk), else the decoded bytes (no JSON form).
+
+    :raises SerializationError: the bytes cannot be unpickled.
+    """
+    if row["vjson"] is not None:
+        return json.loads(row["vjson"])
+    text = renderer(row["vbytes"])
+    return decode_value(row["vbytes"]) if text is None else json.loads(text)
 
 
 def _release(url: str, namespace: str, operator: str, checkpoint_id: int,

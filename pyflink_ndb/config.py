@@ -103,8 +103,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Write each value's JSON form (`vjson`) beside its pickled bytes, for SQL "
                "clients (the views `<ns>_committed` and `<ns>_committed_rows`, the "
                "documented point reads). `false`: values written from then on have `vjson` "
-               "NULL, as a value without a JSON form has; the package itself and the CLI "
-               "read the pickled bytes, so the job and its restores are unchanged. Halves "
+               "NULL, as a value without a JSON form has; the job, its restores and the "
+               "CLI read the pickled bytes (`query` renders its JSON from them). Halves "
                "the bytes a checkpoint writes for values that do have a JSON form, and "
                "spares the writer their JSON encoding (README, Benchmarks, part 7)."),
     OptionSpec("write.max-pending-bytes", "write_max_pending_bytes", 256 * 1024 * 1024,

@@ -19,14 +19,19 @@ def _results(ndb_zipf: float, ndb_profile_e2e: float) -> dict:
             "rocksdb-full": {"label": "RocksDB full", "error": "exit 1"},
             "ndb-mariadb": {"label": "ndb", "records_per_s": 7_700.0,
                             "e2e_median_ms": ndb_profile_e2e}}},
-        "recovery_rescale": {"sizes": [10_000, 1_000_000], "targets": {"ndb-mariadb": {
+        "recovery_rescale": {"sizes": [10_000, 1_000_000], "runs": {
+            "ndb-mariadb/10000": {"ratios": {"failure_to_probe_end_s": 0.8}},
+            "ndb-mariadb/1000000": {"ratios": {"failure_to_probe_end_s": 1.4,
+                                               "rescale_s": 0.5}}},
+            "targets": {"ndb-mariadb": {
             "first_record": {"growth": 1.3, "vs_rocksdb": 0.5, "met": False},
             "probe_end": {"ratios": [0.8, 1.4], "met": True},
-            "rescale": {"ratios": [0.9, 0.5], "met": True}}}},
+            "rescale": {"ratios": [0.5], "met": None}}}},
         "reads": {"queries": {
-            "floor": {"reads_per_s": 20_000.0, "p99_ms": 0.1},
-            "pk": {"reads_per_s": 5_000.0, "p99_ms": 0.4},
-            "pk_versions": {"reads_per_s": 6_000.0, "p99_ms": 0.5}}},
+            "floor": {"reads": 9, "correct": 9, "reads_per_s": 20_000.0, "p99_ms": 0.1},
+            "pk": {"reads": 9, "correct": 9, "reads_per_s": 5_000.0, "p99_ms": 0.4},
+            "pk_versions": {"reads": 9, "correct": 9, "reads_per_s": 6_000.0, "p99_ms": 0.5},
+            "view_pk": {"reads": 9, "correct": 8, "reads_per_s": 90_000.0, "p99_ms": 0.1}}},
     }
 
 
@@ -40,12 +45,20 @@ def test_each_target_compares_the_defaults_with_the_best_rocksdb_of_its_part():
         ("(b) user-profile job", "checkpoint", True),  # 90 ms against unaligned's 100 ms
         ("(c) recovery", "failure", False),
         ("(c) recovery", "failure", True),
-        ("(c) recovery", "rescale", True),
-        ("reads", "≥", False),  # the floor is not a read of the state
+        ("(c) recovery", "rescale", None),  # no rescale at 10,000 keys
+        ("reads", "≥", False),  # neither the floor nor a read with a wrong answer counts
     ]
     assert "1.05×" in rows[0].measured and "1.10×" in rows[2].measured
     assert "6,000/s" in rows[-1].measured and "`SELECT 1` 20,000/s" in rows[-1].measured
-    assert "0.80×, 1.40× at 10,000, 1,000,000" == rows[5].measured
+    assert rows[5].measured == "10,000 keys 0.80×, 1,000,000 keys 1.40×"
+    assert rows[6].measured == "10,000 keys –, 1,000,000 keys 0.50×"
+
+
+def test_a_run_without_records_per_second_is_not_measured():
+    results = _results(10_000.0, 100.0)
+    results["profile"]["runs"]["ndb-mariadb"]["records_per_s"] = None
+    (row,) = [t for t in targets(results) if t.workload.startswith("(b)")]
+    assert (row.measured, row.met) == ("not measured", None)
 
 
 def test_a_missed_target_is_marked_in_the_summary():

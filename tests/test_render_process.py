@@ -5,6 +5,7 @@ checkpoint, a value only the parent can unpickle keeps its JSON."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pickle
 import signal
@@ -21,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from conftest import drop_namespace, mysql_connect, unique_namespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyflink.common import Types
+from pyflink.common import Row, Types
 from pyflink.common.time import Time
 from pyflink.datastream.state import (
     ListStateDescriptor,
@@ -34,6 +36,7 @@ from pyflink.datastream.state import (
 )
 
 from pyflink_ndb.checkpoint.writer import WriteCancelled
+from pyflink_ndb.cli import main as cli
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.errors import FencedError, StoreUnavailableError, ValueTooLargeError
 from pyflink_ndb.serialization import encode_key, encode_value
@@ -833,18 +836,34 @@ def test_without_value_json_the_rows_differ_only_in_vjson_and_restore_alike(
     """`write.value-json: false` on each write path (the writer's thread, the render
     process, the write process): `vjson` is NULL in every row, every other column is as
     with it on (the key's JSON too), and the state restores and reads from SQL alike."""
-    stored, subs = [], []
+    stored, subs, queried = [], [], []
     for value_json in (True, False):
         ns = unique_namespace("vj")
         namespaces.append(ns)
         extra = {"write_value_json": value_json, **({option: True} if option else {})}
         sub = _run(mysql_url, ns, tmp_path, **extra)
         _fill(sub, 120, 1, 3)
+        named = sub.context.get_state(ValueStateDescriptor("r", Types.PICKLED_BYTE_ARRAY()))
+        for i in range(5):
+            sub.key(f"user-{i}")
+            named.update(Row(a=i, b="x"))  # has a JSON form: an object
+        sub.checkpoint(4)
         process = sub.backend.protocol.render_process
         assert (process is None) == (option is None)
         sub.close()
         stored.append(_rows(mysql_url, ns))
         subs.append((ns, sub))
+        printed = CliRunner().invoke(cli, ["query", "--url", mysql_url, "--namespace", ns,
+                                           "--limit", "0"])
+        assert printed.exit_code == 0, printed.output
+        lines = [json.loads(line) for line in printed.stdout.splitlines()]
+        # a list's head holds a random epoch token: equal in neither case
+        queried.append([e for e in lines if e["state"] != "l" or "entry" in e])
+    assert queried[0] == queried[1]  # `query` prints the same JSON either way
+    assert {"a": 0, "b": "x"} in [e["value"] for e in queried[1]]
+    assert [[1, 8], [2, 8], [3, 8]] == [  # the elements, not (element, expiry) pairs
+        element for e in queried[1] if e["key"] == "user-8" and e["state"] == "l"
+        and "entry" in e for element in e["value"]]
     with_json, without = stored
     assert [r[:8] + r[9:] for r in with_json] == [r[:8] + r[9:] for r in without]
     assert sum(r[8] is not None for r in with_json) > 200  # the map's and lists' values
@@ -852,7 +871,7 @@ def test_without_value_json_the_rows_differ_only_in_vjson_and_restore_alike(
                                                       if not r[4])  # kjson stays
     ns, sub = subs[1]
     restored = LocalSubtask(open_store(_options(mysql_url, ns)), _options(mysql_url, ns),
-                            restored_checkpoint_id=3, storage=sub.storage,
+                            restored_checkpoint_id=4, storage=sub.storage,
                             local_dir=str(tmp_path / "again"))
     value, mapped, recent = _fill_states(restored)
     restored.key("user-8")

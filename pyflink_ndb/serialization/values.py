@@ -155,3 +155,10 @@ class JsonRenderer:
 PLAIN_JSON = JsonRenderer()
 #: The renderer of every state with `write.value-json: false`: `vjson` stays NULL.
 NO_JSON = JsonRenderer(values=False)
+
+
+def json_renderer(kind: str, ttl: bool) -> JsonRenderer:
+    """The renderer of the values of a state of `kind` (its catalog's `state_kind`:
+    `list` renders a ListState's segments, with `ttl` their (value, expiry) pairs; every
+    other kind :data:`PLAIN_JSON`)."""
+    return JsonRenderer(list_segments=True, ttl=ttl) if kind == "list" else PLAIN_JSON

@@ -20,7 +20,12 @@ from typing import Any
 from pyflink.fn_execution.internal_state import InternalListState
 
 from pyflink_ndb.serialization.keys import encode_key
-from pyflink_ndb.serialization.values import JsonRenderer, decode_value, encode_value
+from pyflink_ndb.serialization.values import (
+    JsonRenderer,
+    decode_value,
+    encode_value,
+    json_renderer,
+)
 from pyflink_ndb.state.base import TieredState
 
 #: Segments after which a list is rewritten as one segment.
@@ -51,7 +56,7 @@ class TieredListState(TieredState, InternalListState):
     prefix_keyed = True
 
     def _json_of(self) -> JsonRenderer:
-        return JsonRenderer(list_segments=True, ttl=self._ttl.ttl_ms is not None)
+        return json_renderer(self.kind, ttl=self._ttl.ttl_ms is not None)
 
     # -- layout ---------------------------------------------------------------------------
     def _head(self, key_bytes: bytes, key_group: int) -> tuple[int, int]:
