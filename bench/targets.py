@@ -32,9 +32,9 @@ class Target:
     met: bool | None
 
 
-def _rocksdb(runs: Mapping[str, Mapping[str, Any]], prefix: str = "rocksdb"
-             ) -> list[Mapping[str, Any]]:
-    return [r for k, r in runs.items() if k.startswith(prefix) and "error" not in r]
+def _rocksdb(runs: Mapping[str, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The RocksDB runs of a part that did not fail."""
+    return [r for k, r in runs.items() if k.startswith("rocksdb") and "error" not in r]
 
 
 def _flight_zipf(tp: Mapping[str, Any]) -> list[Target]:
