@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from bench import cpu_latency
+
 OPERATOR = "reads"
 VALUE_STATE = "profile"
 MAP_STATE = "visits"
@@ -305,6 +307,7 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
                            password=args["password"] or "", database=args["database"],
                            charset="utf8mb4", autocommit=True, binary_prefix=True)
     cconn = c_client(args)
+    capi = c_api_client(args)
     out: dict[str, Any] = {"namespace": namespace, **filled, "queries": {},
                            "c_client": None if cconn is None else c_client_name(),
                            "loadavg_before": list(os.getloadavg())}
@@ -349,19 +352,22 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
         versions_sql = views.versions_read_query(namespace)
         check_sql = views.committed_query(namespace)
         pairs = {kg: list(zip(v[0::2], v[1::2], strict=True)) for kg, v in by_group.items()}
-        validated = [0]
 
-        def fetch_validated(sql: str, params: Sequence[Any]) -> list[Any]:
-            """A read of every version, the pick of the ranges' one, and every
-            VALIDATE_EVERY reads the check that `committed` has not moved (in the time)."""
-            cur.execute(sql, params)
-            row = views.newest_in_ranges(cur.fetchall(), pairs[params[0]])
-            validated[0] += 1
-            if validated[0] % VALIDATE_EVERY == 0:
-                cur.execute(check_sql, (OPERATOR,))
-                if cur.fetchone()[0] != committed:
-                    raise RuntimeError("committed moved while nothing ran: not a bench")
-            return [] if row is None else [row]
+        def validated(run: Callable[[str, Sequence[Any]], list[Any]]
+                      ) -> Callable[[str, Sequence[Any]], list[Any]]:
+            """`run` (a client's statement: the rows) as the batch-validated read: a read
+            of every version, the pick of the ranges' one, and every VALIDATE_EVERY reads
+            the check that `committed` has not moved (in the time)."""
+            count = [0]
+
+            def fetch_validated(sql: str, params: Sequence[Any]) -> list[Any]:
+                row = views.newest_in_ranges(run(sql, params), pairs[params[0]])
+                count[0] += 1
+                if count[0] % VALIDATE_EVERY == 0:
+                    if run(check_sql, (OPERATOR,))[0][0] != committed:
+                        raise RuntimeError("committed moved while nothing ran: not a bench")
+                return [] if row is None else [row]
+            return fetch_validated
 
         cli_text, cli_params = store.committed_sql(OPERATOR)
         cli_pk = (f"SELECT q.version, q.vjson FROM ({store._sql(cli_text)}) q WHERE "
@@ -389,7 +395,7 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
             ("pk_versions", "state table by primary key, every version, the one the ranges "
                             "see picked by the client, `committed` checked after every "
                             f"{VALIDATE_EVERY} reads",
-             (lambda i: (versions_sql, [kgs[i], value_id, ukeys[i]]), fetch_validated),
+             (lambda i: (versions_sql, [kgs[i], value_id, ukeys[i]]), validated(fetch)),
              lambda i, r: bool(r) and not r[0][1] and expect_value(i, r[0][2]), ("s",),
              reads),
             ("query_sql_pk", "`pyflink-ndb query --sql` statement filtered by primary key",
@@ -423,6 +429,16 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
             pk_query = queries[1]
             queries += [(f"{label}_c", f"{text}; C client", (make, cfetch), check, (), count)
                         for label, text, make, check, _, count in (queries[0], pk_query)]
+        if capi is not None:
+            # The floor and the two primary-key reads from the C API itself: what one
+            # sequential connection of a client in C reads, without a cursor layer.
+            by_label = {q[0]: q for q in queries}
+            for label, run in (("floor", capi.execute), ("pk", capi.execute),
+                               ("pk_versions", validated(capi.execute))):
+                _, text, make, check, _, count = by_label[label]
+                make = make[0] if isinstance(make, tuple) else make
+                queries.append((f"{label}_capi", f"{text}; C API", (make, run), check, (),
+                                count))
         states = [infos[VALUE_STATE]]
 
         def get(i: int) -> Any:
@@ -450,41 +466,68 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
             reader.warm(picks[:min(warmup, max(1, count // 10))])
             out["queries"][label] = entry
         counts = {label: q[5] for label, q in zip(readers, queries, strict=True)}
-        # The client's garbage collector would otherwise scan the fixtures (100,000 keys'
-        # parameters) again and again while it times the reads.
-        gc.collect()
-        gc.freeze()
-        done = dict.fromkeys(readers, 0)
-        slots = max(1, reads // ROUND_READS)
-        turn = 0
-        while any(done[k] < counts[k] for k in readers):
-            for label, reader in readers.items():
-                n = min(ROUND_READS, counts[label] - done[label])
-                if n > 0:  # each query its own random keys in each round
-                    start = warmup + (turn % slots) * ROUND_READS
-                    reader.round(picks[start:start + n])
-                    done[label] += n
-                turn += 1
-            log(f"reads: round {max(len(r.rounds) for r in readers.values())} done")
-        gc.unfreeze()
-        for label, reader in readers.items():
-            entry = out["queries"][label]
-            entry.update(reader.summary())
-            log(f"reads {label}: {entry['reads_per_s']:,.0f}/s, p50 {entry['p50_ms']:.3f} ms, "
-                f"p99 {entry['p99_ms']:.3f} ms, p99.9 {entry['p999_ms']:.3f} ms (best round "
-                f"{entry['best_round']['reads_per_s']:,.0f}/s, p99 "
-                f"{entry['best_round']['p99_ms']:.3f} ms); "
-                f"{entry['correct']:,}/{entry['reads']:,} correct"
-                + ("" if "explain" not in entry else
-                   f"; index: {'yes' if entry['explain']['indexed'] else 'NO'} "
-                   f"({'; '.join(entry['explain']['state_table_access'])})"))
+        for label, summary in timed_rounds(readers, counts, picks, warmup, reads,
+                                           log).items():
+            out["queries"][label].update(summary)
+        for label, entry in out["queries"].items():
+            if "explain" in entry:
+                log(f"reads {label}: index: {'yes' if entry['explain']['indexed'] else 'NO'} "
+                    f"({'; '.join(entry['explain']['state_table_access'])})")
+        if cpu_latency.available():
+            # The same reads again with the CPUs kept out of their halt state: what the
+            # machine's idle policy takes from every round trip (bench/cpu_latency.py).
+            log("reads: again with a CPU latency request of 0 µs held")
+            with cpu_latency.held(0):
+                again = {label: Reader(r.run, r.check) for label, r in readers.items()}
+                out["low_latency"] = {
+                    "latency_us": 0, "idle_states": cpu_latency.idle_states(),
+                    "queries": timed_rounds(again, counts, picks, warmup, reads,
+                                            lambda m: log(m + " (CPU latency 0 µs)"))}
         out["bundles"] = bundle_reads(store, ranges, value_id, keys, log=log)
         out["loadavg_after"] = list(os.getloadavg())
     finally:
         conn.close()
         if cconn is not None:
             cconn.close()
+        if capi is not None:
+            capi.close()
         store.close()
+    return out
+
+
+def timed_rounds(readers: dict[str, Reader], counts: dict[str, int], picks: Sequence[int],
+                 warmup: int, reads: int, log: Callable[[str], None]
+                 ) -> dict[str, dict[str, Any]]:
+    """Time `counts[label]` reads of each reader, in rounds of :data:`ROUND_READS` taken in
+    turn (each round of each query its own random keys of `picks`, after the first
+    `warmup`), and return each reader's :meth:`Reader.summary`."""
+    # The client's garbage collector would otherwise scan the fixtures (100,000 keys'
+    # parameters) again and again while it times the reads.
+    gc.collect()
+    gc.freeze()
+    try:
+        done = dict.fromkeys(readers, 0)
+        slots = max(1, reads // ROUND_READS)
+        turn = 0
+        while any(done[k] < counts[k] for k in readers):
+            for label, reader in readers.items():
+                n = min(ROUND_READS, counts[label] - done[label])
+                if n > 0:
+                    start = warmup + (turn % slots) * ROUND_READS
+                    reader.round(picks[start:start + n])
+                    done[label] += n
+                turn += 1
+            log(f"reads: round {max(len(r.rounds) for r in readers.values())} done")
+    finally:
+        gc.unfreeze()
+    out = {}
+    for label, reader in readers.items():
+        entry = out[label] = reader.summary()
+        log(f"reads {label}: {entry['reads_per_s']:,.0f}/s, p50 {entry['p50_ms']:.3f} ms, "
+            f"p99 {entry['p99_ms']:.3f} ms, p99.9 {entry['p999_ms']:.3f} ms (best round "
+            f"{entry['best_round']['reads_per_s']:,.0f}/s, p99 "
+            f"{entry['best_round']['p99_ms']:.3f} ms); "
+            f"{entry['correct']:,}/{entry['reads']:,} correct")
     return out
 
 
@@ -566,6 +609,51 @@ def c_client(args: dict[str, Any]) -> Any:
                                    use_pure=False)
 
 
+class CApiConnection:
+    """One connection of the C API that MySQL Connector/Python's C extension wraps
+    (`_mysql_connector.MySQL`), used as a program in C uses its client library: the
+    statement sent with `mysql_query`, the buffered result's rows fetched one by one,
+    without the connector's cursor layer in Python. Parameters become SQL literals by the
+    library's own conversion (`convert_to_mysql`: converted, escaped and quoted in C, what
+    the connector's cursor does with them), so statements stay parameterised (`%s`, as
+    with pymysql; no other `%` in them)."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        from _mysql_connector import MySQL
+
+        self._conn = MySQL(buffered=True, raw=False)
+        self._conn.connect(host=args["host"], port=args["port"], user=args["user"],
+                           password=args["password"] or "", database=args["database"])
+        self._conn.autocommit(True)
+        self._encoded: dict[str, bytes] = {}
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows `sql` returns with `params` (ints, bytes and str) in its `%s`s."""
+        stmt = self._encoded.get(sql)
+        if stmt is None:
+            stmt = self._encoded[sql] = sql.encode("utf-8")
+        if params:
+            stmt = stmt % tuple(self._conn.convert_to_mysql(*params))
+        self._conn.query(stmt)
+        rows = []
+        while (row := self._conn.fetch_row()) is not None:
+            rows.append(row)
+        self._conn.free_result()
+        return rows
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def c_api_client(args: dict[str, Any]) -> CApiConnection | None:
+    """A :class:`CApiConnection`, or None where :func:`c_client` finds no C extension."""
+    try:
+        from mysql.connector import HAVE_CEXT
+    except ImportError:
+        return None
+    return CApiConnection(args) if HAVE_CEXT else None
+
+
 def c_client_name() -> str:
     import mysql.connector
 
@@ -637,6 +725,10 @@ LABELS = {
     "pk_ranges_view": "state table by primary key ⋈ `NS_committed_ranges`",
     "floor_c": "`SELECT 1`, C client",
     "pk_c": "state table by primary key, ranges read once, C client",
+    "floor_capi": "`SELECT 1`, C API",
+    "pk_capi": "state table by primary key, ranges read once, C API",
+    "pk_versions_capi": f"state table by primary key, every version, picked by the client "
+                        f"(`committed` checked every {VALIDATE_EVERY} reads), C API",
     "pk_versions": f"state table by primary key, every version, picked by the client "
                    f"(`committed` checked every {VALIDATE_EVERY} reads)",
     "query_sql_pk": "`pyflink-ndb query --sql` filtered by primary key",
@@ -657,7 +749,10 @@ def markdown(r: dict[str, Any]) -> list[str]:
              "(checkpoints 1-2 of one job, 3 of a job that restored 2). One pymysql "
              "connection, sequential, parameterised, autocommit; random keys after a "
              "warm-up; the rows marked \"C client\": one connection of "
-             f"{r.get('c_client') or 'a C client (not installed in this run)'}. "
+             f"{r.get('c_client') or 'a C client (not installed in this run)'}; "
+             "\"C API\": the same library's C API without its cursor layer (the statement "
+             "with its parameters converted and escaped by the library, the rows fetched one "
+             "by one: what a program in C does). "
              f"Server {r.get('server', '?')}; kjson index: "
              f"{'yes' if r.get('kjson_index') else 'no'}; load average "
              f"{r.get('loadavg_before', [0])[0]:.1f} before, "
@@ -669,12 +764,15 @@ def markdown(r: dict[str, Any]) -> list[str]:
              "best round: the round of the query with the most reads/s (the least "
              "disturbed).", "",
              "| read | reads | reads/s | p50 ms | p99 ms | p99.9 ms | best round: reads/s, "
-             "p99 ms | correct | index | server optimize / execute ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "p99 ms | correct | index | server optimize / execute ms | CPU latency 0 µs: "
+             "reads/s, p50 ms, p99 ms, correct |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    low = (r.get("low_latency") or {}).get("queries", {})
     for label, q in r["queries"].items():
         ex = q.get("explain")
         server = q.get("server") or {}
         best = q.get("best_round") or {}
+        lq = low.get(label)
         lines.append(
             f"| {LABELS.get(label, label)} | {q['reads']:,} | {q['reads_per_s']:,.0f} | "
             f"{q['p50_ms']:.3f} | {q['p99_ms']:.3f} | {q['p999_ms']:.3f} | "
@@ -682,7 +780,16 @@ def markdown(r: dict[str, Any]) -> list[str]:
             + " | "
             f"{q['correct']:,} | {'–' if ex is None else ('yes' if ex['indexed'] else 'NO')} | "
             + ("–" if not server else
-               f"{server['optimize_ms']:.3f} / {server['execute_ms']:.3f}") + " |")
+               f"{server['optimize_ms']:.3f} / {server['execute_ms']:.3f}") + " | "
+            + ("–" if lq is None else
+               f"{lq['reads_per_s']:,.0f}, {lq['p50_ms']:.3f}, {lq['p99_ms']:.3f}, "
+               f"{lq['correct']:,}/{lq['reads']:,}") + " |")
+    lines += ["", "CPU latency 0 µs: the same reads right after, in the same rounds, while the "
+              "part held a Linux CPU latency QoS request of 0 µs (`/dev/cpu_dma_latency`: the "
+              "idle CPUs poll instead of halting; bench/cpu_latency.py), idle states "
+              + (", ".join(f"`{n}`" for n in r["low_latency"]["idle_states"])
+                 if r.get("low_latency") else "–")
+              + "; – where the part could not hold it (not root)."]
     bundles = r.get("bundles")
     if bundles:
         lines += ["", f"The package's own reads of keys that miss together (a read-ahead bundle "

@@ -17,7 +17,10 @@ from typing import Any
 #: The pyflink-ndb run each target reads (its defaults, on MariaDB).
 NDB = "ndb-mariadb"
 #: Reads of part 6 that are not a read of the state (the round trip's floor).
-FLOOR_READS = ("floor", "floor_c")
+FLOOR_READS = ("floor", "floor_c", "floor_capi")
+#: Prefixes of part 6's reads through the documented views (`NS_committed`,
+#: `NS_committed_rows`); every other read of the state reads the state table.
+VIEW_READS = ("view_", "rows_")
 READS_PER_S = 10_000
 READ_P99_MS = 1.0
 
@@ -108,25 +111,43 @@ def _recovery(rr: Mapping[str, Any]) -> list[Target]:
 
 
 def _reads(reads: Mapping[str, Any]) -> list[Target]:
-    """Committed-state reads: part 6's reads of the state from one client that answered
-    every read correctly; met when one of them meets both limits (else the fastest is
-    shown)."""
-    queries = {k: q for k, q in reads["queries"].items()
-               if k not in FLOOR_READS and q.get("correct") == q["reads"]}
-    if not queries:
-        return [Target("reads", "≥ 10,000 point reads/s, p99 ≤ 1 ms", "not measured", None)]
+    """Committed-state reads (issue 9, item 5: "by primary key and through the documented
+    view"): a row for the reads by primary key (on the state table, any client) and one for
+    the reads through the views (`NS_committed`, `NS_committed_rows`), each from part 6's
+    reads that answered every read correctly; both again for the same reads while part 6
+    held a CPU latency request of 0 µs (bench/cpu_latency.py), where it could. A row is met
+    when one of its reads meets both limits (else the fastest is shown)."""
     from bench.reads import LABELS
 
     def meets(q: Mapping[str, Any]) -> bool:
         return q["reads_per_s"] >= READS_PER_S and q["p99_ms"] <= READ_P99_MS
-    label, best = max(queries.items(), key=lambda kv: (meets(kv[1]), kv[1]["reads_per_s"]))
-    floor = reads["queries"].get("floor")
-    return [Target("reads", f"≥ {READS_PER_S:,} point reads/s from one client, p99 ≤ "
-                   f"{READ_P99_MS:g} ms",
-                   f"{best['reads_per_s']:,.0f}/s, p99 {best['p99_ms']:.3f} ms "
-                   f"({LABELS.get(label, label)})"
-                   + ("" if not floor else f"; `SELECT 1` {floor['reads_per_s']:,.0f}/s"),
-                   meets(best))]
+
+    settings = [("", reads["queries"])]
+    if reads.get("low_latency"):
+        settings.append((" (CPU latency request 0 µs)", reads["low_latency"]["queries"]))
+    out = []
+    for setting, measured in settings:
+        correct = {k: q for k, q in measured.items()
+                   if k not in FLOOR_READS and q.get("correct") == q["reads"]}
+        floor = measured.get("floor")
+        for how, of_kind in (("by primary key", lambda k: not k.startswith(VIEW_READS)),
+                             ("through the documented views",
+                              lambda k: k.startswith(VIEW_READS))):
+            target = (f"≥ {READS_PER_S:,} point reads/s from one client, p99 ≤ "
+                      f"{READ_P99_MS:g} ms, {how}{setting}")
+            queries = {k: q for k, q in correct.items() if of_kind(k)}
+            if not queries:
+                out.append(Target("reads", target, "not measured", None))
+                continue
+            label, best = max(queries.items(),
+                              key=lambda kv: (meets(kv[1]), kv[1]["reads_per_s"]))
+            out.append(Target("reads", target,
+                              f"{best['reads_per_s']:,.0f}/s, p99 {best['p99_ms']:.3f} ms "
+                              f"({LABELS.get(label, label)})"
+                              + ("" if not floor else
+                                 f"; `SELECT 1` {floor['reads_per_s']:,.0f}/s"),
+                              meets(best)))
+    return out
 
 
 def targets(results: Mapping[str, Any]) -> list[Target]:
