@@ -71,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import cpu_latency  # noqa: E402
 from bench.functions import END_PREFIX, KeyedCounter, parse_key_line  # noqa: E402
 from jobs.flight_data import departed_flights, flights_csv, parse_line  # noqa: E402
 from jobs.flight_delays import OPERATOR_UID, AircraftDelays, make_environment  # noqa: E402
@@ -1568,7 +1569,11 @@ def summary_markdown(meta: dict, results: dict) -> str:
              f"median of {meta.get('rounds', 1)} round(s) for throughput, recovery and "
              "restore-rows, "
              "pyflink-ndb cache 10,000 entries per subtask. One run on a noisy machine: "
-             "read the ratios, not the absolute figures.", ""]
+             "read the ratios, not the absolute figures."
+             + ("" if meta.get("cpu_latency_us") is None else
+                f" The whole run held a CPU latency QoS request of {meta['cpu_latency_us']} µs "
+                "(`--cpu-latency-us`, bench/cpu_latency.py): every backend's figures are "
+                "those of a machine whose idle CPUs do not halt."), ""]
     from bench.targets import markdown as targets_markdown
 
     lines += targets_markdown(results)
@@ -2006,9 +2011,32 @@ def git_commit() -> str:
                    "runs on one database different prefixes.")
 @click.option("--replot", is_flag=True,
               help="Only redraw summary.md and bench.png from OUT/results.json.")
+@click.option("--cpu-latency-us", type=click.IntRange(min=0), default=None,
+              help="Hold a Linux CPU latency QoS request of this many µs for the whole run "
+                   "(/dev/cpu_dma_latency, root; bench/cpu_latency.py): 0 keeps idle CPUs "
+                   "polling instead of halting. Default: none, the machine as it is.")
 def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
-         only: tuple[str, ...], repeat: int | None, namespace_prefix: str, replot: bool) -> None:
+         only: tuple[str, ...], repeat: int | None, namespace_prefix: str, replot: bool,
+         cpu_latency_us: int | None) -> None:
     """Benchmark pyflink-ndb against PyFlink's hashmap and RocksDB backends."""
+    if cpu_latency_us is not None and not replot:
+        if not cpu_latency.available():
+            raise click.BadParameter(f"{cpu_latency.DEVICE} is missing or not writable "
+                                     "(run as root, or leave the option out)",
+                                     param_hint="--cpu-latency-us")
+        with cpu_latency.held(cpu_latency_us):
+            run_parts(quick, mysql_url, parallelism, out_dir, only, repeat,
+                      namespace_prefix, cpu_latency_us)
+        return
+    run_parts(quick, mysql_url, parallelism, out_dir, only, repeat, namespace_prefix, None,
+              replot)
+
+
+def run_parts(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
+              only: tuple[str, ...], repeat: int | None, namespace_prefix: str,
+              cpu_latency_us: int | None, replot: bool = False) -> None:
+    """:func:`main`'s work (`cpu_latency_us`: the request the caller holds, for the
+    summary; None: none)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,19}", namespace_prefix):
         raise click.BadParameter("use 1-20 characters of [a-z0-9_], starting with a letter",
                                  param_hint="--namespace-prefix")
@@ -2036,7 +2064,7 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
     meta = {"quick": quick, "rounds": rounds, "when": time.strftime("%Y-%m-%d %H:%M"),
             "commit": git_commit(),
             "cpus": os.cpu_count(), "parallelism": parallelism,
-            "python": platform.python_version()}
+            "python": platform.python_version(), "cpu_latency_us": cpu_latency_us}
     results: dict[str, Any] = {}
     started = time.monotonic()
     from tqdm import tqdm
