@@ -58,19 +58,27 @@ def idle_states() -> list[str]:
 def held(microseconds: int = 0) -> Iterator[bool]:
     """Hold a CPU latency request of `microseconds` (≥ 0) while the context is open.
 
-    Yields True when the request is held, False where the device is missing or not
-    writable (the context then changes nothing).
+    Yields True when the request is held, False where the device is missing or refuses
+    it (not writable, or its open or write fails: a container's device rules may refuse
+    root too); the context then changes nothing.
 
-    :raises ValueError: `microseconds` is negative.
+    :raises ValueError: `microseconds` is negative or over 2**31 - 1.
     """
-    if microseconds < 0:
-        raise ValueError(f"a CPU latency request is ≥ 0 µs, not {microseconds}")
-    if not available():
+    if not 0 <= microseconds <= 2**31 - 1:
+        raise ValueError(f"a CPU latency request is ≥ 0 µs and < 2**31, not {microseconds}")
+    fd = None
+    if available():
+        try:
+            fd = os.open(DEVICE, os.O_WRONLY)
+            os.write(fd, struct.pack("i", microseconds))
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    if fd is None:
         yield False
         return
-    fd = os.open(DEVICE, os.O_WRONLY)
     try:
-        os.write(fd, struct.pack("i", microseconds))
         yield True
     finally:
         os.close(fd)

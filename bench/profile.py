@@ -459,9 +459,8 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
     # `execution.checkpointing.interval` replaces it (a long one: the records/s ceiling of
     # the record path without checkpoints).
     interval = extra.pop("execution.checkpointing.interval", None)
-    env = make_environment(parallelism,
-                           CHECKPOINT_MS if interval is None else duration_ms(interval),
-                           extra=extra)
+    interval_ms = CHECKPOINT_MS if interval is None else duration_ms(interval)
+    env = make_environment(parallelism, interval_ms, extra=extra)
     jvm = java_pid()
     sampler = RssSampler(jvm)
     sampler.start()
@@ -533,6 +532,7 @@ def run_backend(key: str, mysql_url: str, prefix: str, duration_s: float, warmup
         if Path(f"/proc/{jvm}/maps").exists() else None,
         "metrics": metrics, "restore_mode": restore_mode, "cpus": cpus,
         "options": {k: v for k, v in {**options, **extra}.items() if "password" not in k},
+        "checkpoint_interval_ms": interval_ms,
     }
     durations = checkpoint_durations(checkpoints)
     if durations:
@@ -571,6 +571,15 @@ def duration_ms(text: str) -> int:
     if m is None:
         raise ValueError(f"not a duration of ms, s or min: {text!r} (e.g. 1000, 30 s, 10min)")
     return int(m.group(1)) * {None: 1, "ms": 1, "s": 1_000, "min": 60_000}[m.group(2)]
+
+
+def _interval_text(r: Mapping[str, Any]) -> str:
+    """"checkpoints every …" of a part's runs (`flink_conf`'s interval replaces the job's
+    own 1 s, :func:`run_backend`)."""
+    interval = (r.get("flink_conf") or {}).get("execution.checkpointing.interval")
+    if interval is None:
+        return "checkpoints every second"
+    return f"checkpoints every {duration_ms(interval):,} ms (a variant's interval)"
 
 
 def child() -> None:
@@ -727,7 +736,8 @@ def markdown(r: dict[str, Any]) -> list[str]:
              f"min; ≤ {sb['map_entries']} entries) and a ListState of the last "
              f"{r['list_keep']}-{r['list_max']} events ({sb['list_event']} bytes each): about "
              f"{sb['typical_total']:,} bytes per user. Parallelism {r['parallelism']}, "
-             f"checkpoints every second, {r['duration_s']:.0f} s per backend after every "
+             + _interval_text(r) +
+             f", {r['duration_s']:.0f} s per backend after every "
              f"subtask's first record; records/s: mean of the whole seconds after the first "
              f"{r['warmup_s']:.0f}. pyflink-ndb `cache.max-entries` {r['cache_entries']:,} "
              "per subtask. Each backend in a fresh process (fresh JVM); peak RSS: VmHWM of "

@@ -261,9 +261,11 @@ class Reader:
 
 def bench_reads(mysql_url: str, namespace: str, keys: int = 100_000, reads: int = 20_000,
                 warmup: int = 2_000, scan_reads: int = 5, get_reads: int | None = None,
-                write_cost_entries: int = 20_000, log: Callable[[str], None] = print
-                ) -> dict[str, Any]:
-    """The part: fill, create the views, then time each documented read from one client.
+                write_cost_entries: int = 20_000, log: Callable[[str], None] = print,
+                held_us: int | None = None) -> dict[str, Any]:
+    """The part: fill, create the views, then time each documented read from one client,
+    each round also while a CPU latency request of 0 µs is held (where this process may
+    hold one; `low_latency` in the result).
 
     :param keys: keys of the namespace (a ValueState and a MapState of
         :data:`MAP_ENTRIES` entries each).
@@ -272,11 +274,14 @@ def bench_reads(mysql_url: str, namespace: str, keys: int = 100_000, reads: int 
     :param get_reads: reads through the package's read path (default: `reads`).
     :param write_cost_entries: entries per checkpoint of :func:`index_write_cost` (0: not
         measured).
+    :param held_us: the CPU latency request the whole run holds (bench.run
+        `--cpu-latency-us`): every read runs under it, none again; None: none held.
     """
     started = time.perf_counter()
     filled = fill(mysql_url, namespace, keys, log)
     out = measure_reads(mysql_url, namespace, filled, reads, warmup, scan_reads, get_reads,
-                        log)
+                        log, held_us)
+    out["cpu_latency_us"] = held_us
     if write_cost_entries:
         out["write_cost"] = index_write_cost(mysql_url, f"{namespace}_wc", write_cost_entries,
                                              log=log)
@@ -286,7 +291,7 @@ def bench_reads(mysql_url: str, namespace: str, keys: int = 100_000, reads: int 
 
 def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads: int,
                   warmup: int, scan_reads: int, get_reads: int | None,
-                  log: Callable[[str], None]) -> dict[str, Any]:
+                  log: Callable[[str], None], held_us: int | None = None) -> dict[str, Any]:
     """The reads of :func:`bench_reads` on a namespace :func:`fill` filled (`filled`: what
     it returned)."""
     import pymysql
@@ -306,12 +311,13 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
     conn = pymysql.connect(host=args["host"], port=args["port"], user=args["user"],
                            password=args["password"] or "", database=args["database"],
                            charset="utf8mb4", autocommit=True, binary_prefix=True)
-    cconn = c_client(args)
-    capi = c_api_client(args)
+    cconn = capi = None
     out: dict[str, Any] = {"namespace": namespace, **filled, "queries": {},
-                           "c_client": None if cconn is None else c_client_name(),
                            "loadavg_before": list(os.getloadavg())}
     try:
+        cconn = c_client(args)
+        capi = c_api_client(args)
+        out["c_client"] = None if cconn is None else c_client_name()
         # The statistics InnoDB recalculates in the background after bulk writes, now (the
         # plans of a table that has been written, not of the empty one).
         store._query(f"ANALYZE TABLE {store.t_state}")
@@ -469,20 +475,26 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
         for label, summary in timed_rounds(readers, counts, picks, warmup, reads,
                                            log).items():
             out["queries"][label].update(summary)
+        if held_us is None and cpu_latency.available():
+            # Every read again with the CPUs kept out of their halt state: what the
+            # machine's idle policy takes from every round trip (bench/cpu_latency.py);
+            # other random keys, so that neither pass reads the keys the other just read
+            # (unless the whole run holds a request: bench.run --cpu-latency-us).
+            low = {label: Reader(r.run, r.check) for label, r in readers.items()}
+            low_picks = [int(i) for i in np.random.default_rng(SEED + 2).integers(
+                0, keys, size=warmup + reads)]
+            with cpu_latency.held(0) as held:
+                if held:
+                    for label, reader in low.items():
+                        reader.warm(low_picks[:min(100, max(1, counts[label] // 10))])
+                    out["low_latency"] = {
+                        "latency_us": 0, "idle_states": cpu_latency.idle_states(),
+                        "queries": timed_rounds(low, counts, low_picks, warmup, reads, log,
+                                                " (CPU latency 0 µs)")}
         for label, entry in out["queries"].items():
             if "explain" in entry:
                 log(f"reads {label}: index: {'yes' if entry['explain']['indexed'] else 'NO'} "
                     f"({'; '.join(entry['explain']['state_table_access'])})")
-        if cpu_latency.available():
-            # The same reads again with the CPUs kept out of their halt state: what the
-            # machine's idle policy takes from every round trip (bench/cpu_latency.py).
-            log("reads: again with a CPU latency request of 0 µs held")
-            with cpu_latency.held(0):
-                again = {label: Reader(r.run, r.check) for label, r in readers.items()}
-                out["low_latency"] = {
-                    "latency_us": 0, "idle_states": cpu_latency.idle_states(),
-                    "queries": timed_rounds(again, counts, picks, warmup, reads,
-                                            lambda m: log(m + " (CPU latency 0 µs)"))}
         out["bundles"] = bundle_reads(store, ranges, value_id, keys, log=log)
         out["loadavg_after"] = list(os.getloadavg())
     finally:
@@ -496,11 +508,11 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
 
 
 def timed_rounds(readers: dict[str, Reader], counts: dict[str, int], picks: Sequence[int],
-                 warmup: int, reads: int, log: Callable[[str], None]
+                 warmup: int, reads: int, log: Callable[[str], None], setting: str = ""
                  ) -> dict[str, dict[str, Any]]:
     """Time `counts[label]` reads of each reader, in rounds of :data:`ROUND_READS` taken in
     turn (each round of each query its own random keys of `picks`, after the first
-    `warmup`), and return each reader's :meth:`Reader.summary`."""
+    `warmup`), and return each reader's :meth:`Reader.summary` (logged with `setting`)."""
     # The client's garbage collector would otherwise scan the fixtures (100,000 keys'
     # parameters) again and again while it times the reads.
     gc.collect()
@@ -517,16 +529,21 @@ def timed_rounds(readers: dict[str, Reader], counts: dict[str, int], picks: Sequ
                     reader.round(picks[start:start + n])
                     done[label] += n
                 turn += 1
-            log(f"reads: round {max(len(r.rounds) for r in readers.values())} done")
+            log(f"reads: round {max(len(r.rounds) for r in readers.values())} done{setting}")
     finally:
         gc.unfreeze()
+    return _summaries(readers, setting, log)
+
+
+def _summaries(readers: dict[str, Reader], setting: str, log: Callable[[str], None]
+               ) -> dict[str, dict[str, Any]]:
     out = {}
     for label, reader in readers.items():
         entry = out[label] = reader.summary()
-        log(f"reads {label}: {entry['reads_per_s']:,.0f}/s, p50 {entry['p50_ms']:.3f} ms, "
-            f"p99 {entry['p99_ms']:.3f} ms, p99.9 {entry['p999_ms']:.3f} ms (best round "
-            f"{entry['best_round']['reads_per_s']:,.0f}/s, p99 "
-            f"{entry['best_round']['p99_ms']:.3f} ms); "
+        log(f"reads {label}{setting}: {entry['reads_per_s']:,.0f}/s, p50 "
+            f"{entry['p50_ms']:.3f} ms, p99 {entry['p99_ms']:.3f} ms, p99.9 "
+            f"{entry['p999_ms']:.3f} ms (best round {entry['best_round']['reads_per_s']:,.0f}"
+            f"/s, p99 {entry['best_round']['p99_ms']:.3f} ms); "
             f"{entry['correct']:,}/{entry['reads']:,} correct")
     return out
 
@@ -613,18 +630,21 @@ class CApiConnection:
     """One connection of the C API that MySQL Connector/Python's C extension wraps
     (`_mysql_connector.MySQL`), used as a program in C uses its client library: the
     statement sent with `mysql_query`, the buffered result's rows fetched one by one,
-    without the connector's cursor layer in Python. Parameters become SQL literals by the
+    without the connector's cursor layer in Python. The connector opens it (utf8mb4,
+    autocommit, its authentication plugins); parameters become SQL literals by the
     library's own conversion (`convert_to_mysql`: converted, escaped and quoted in C, what
-    the connector's cursor does with them), so statements stay parameterised (`%s`, as
-    with pymysql; no other `%` in them)."""
+    the connector's cursor does with them; bytes get the `_binary` introducer, as pymysql's
+    `binary_prefix` gives them), so statements stay parameterised (`%s`, as with pymysql;
+    no other `%` in them)."""
 
     def __init__(self, args: dict[str, Any]) -> None:
-        from _mysql_connector import MySQL
+        import mysql.connector
 
-        self._conn = MySQL(buffered=True, raw=False)
-        self._conn.connect(host=args["host"], port=args["port"], user=args["user"],
-                           password=args["password"] or "", database=args["database"])
-        self._conn.autocommit(True)
+        self._connection = mysql.connector.connect(
+            host=args["host"], port=args["port"], user=args["user"],
+            password=args["password"] or "", database=args["database"], autocommit=True,
+            charset="utf8mb4", use_pure=False)
+        self._api = self._connection._cmysql
         self._encoded: dict[str, bytes] = {}
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -633,16 +653,18 @@ class CApiConnection:
         if stmt is None:
             stmt = self._encoded[sql] = sql.encode("utf-8")
         if params:
-            stmt = stmt % tuple(self._conn.convert_to_mysql(*params))
-        self._conn.query(stmt)
+            literals = self._api.convert_to_mysql(*params)
+            stmt = stmt % tuple(b"_binary" + lit if isinstance(value, bytes) else lit
+                                for value, lit in zip(params, literals, strict=True))
+        self._api.query(stmt)
         rows = []
-        while (row := self._conn.fetch_row()) is not None:
+        while (row := self._api.fetch_row()) is not None:
             rows.append(row)
-        self._conn.free_result()
+        self._api.free_result()
         return rows
 
     def close(self) -> None:
-        self._conn.close()
+        self._connection.close()
 
 
 def c_api_client(args: dict[str, Any]) -> CApiConnection | None:
@@ -784,12 +806,17 @@ def markdown(r: dict[str, Any]) -> list[str]:
             + ("–" if lq is None else
                f"{lq['reads_per_s']:,.0f}, {lq['p50_ms']:.3f}, {lq['p99_ms']:.3f}, "
                f"{lq['correct']:,}/{lq['reads']:,}") + " |")
-    lines += ["", "CPU latency 0 µs: the same reads right after, in the same rounds, while the "
-              "part held a Linux CPU latency QoS request of 0 µs (`/dev/cpu_dma_latency`: the "
-              "idle CPUs poll instead of halting; bench/cpu_latency.py), idle states "
-              + (", ".join(f"`{n}`" for n in r["low_latency"]["idle_states"])
-                 if r.get("low_latency") else "–")
-              + "; – where the part could not hold it (not root)."]
+    if r.get("cpu_latency_us") is not None:
+        lines += ["", f"Every read of this part ran while the whole run held a CPU latency "
+                  f"request of {r['cpu_latency_us']} µs (`--cpu-latency-us`); none ran again."]
+    else:
+        lines += ["", "CPU latency 0 µs: each round read again on the same keys while the part "
+                  "held a Linux CPU latency QoS request of 0 µs (`/dev/cpu_dma_latency`: the "
+                  "idle CPUs poll instead of halting; bench/cpu_latency.py), the two in turn "
+                  "(which went first alternated from round to round); idle states "
+                  + (", ".join(f"`{n}`" for n in r["low_latency"]["idle_states"])
+                     if r.get("low_latency") else "–")
+                  + "; – where the part could not hold it (not root)."]
     bundles = r.get("bundles")
     if bundles:
         lines += ["", f"The package's own reads of keys that miss together (a read-ahead bundle "

@@ -2011,10 +2011,11 @@ def git_commit() -> str:
                    "runs on one database different prefixes.")
 @click.option("--replot", is_flag=True,
               help="Only redraw summary.md and bench.png from OUT/results.json.")
-@click.option("--cpu-latency-us", type=click.IntRange(min=0), default=None,
+@click.option("--cpu-latency-us", type=click.IntRange(min=0, max=2**31 - 1), default=None,
               help="Hold a Linux CPU latency QoS request of this many µs for the whole run "
                    "(/dev/cpu_dma_latency, root; bench/cpu_latency.py): 0 keeps idle CPUs "
-                   "polling instead of halting. Default: none, the machine as it is.")
+                   "polling instead of halting. Default: none, the machine as it is. "
+                   "Ignored with --replot.")
 def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
          only: tuple[str, ...], repeat: int | None, namespace_prefix: str, replot: bool,
          cpu_latency_us: int | None) -> None:
@@ -2024,7 +2025,10 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
             raise click.BadParameter(f"{cpu_latency.DEVICE} is missing or not writable "
                                      "(run as root, or leave the option out)",
                                      param_hint="--cpu-latency-us")
-        with cpu_latency.held(cpu_latency_us):
+        with cpu_latency.held(cpu_latency_us) as held:
+            if not held:
+                raise click.BadParameter(f"{cpu_latency.DEVICE} refused the request",
+                                         param_hint="--cpu-latency-us")
             run_parts(quick, mysql_url, parallelism, out_dir, only, repeat,
                       namespace_prefix, cpu_latency_us)
         return
@@ -2124,7 +2128,7 @@ def run_parts(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
         results["reads"] = bench_reads(
             mysql_url, f"{NAMESPACE_PREFIX[0]}_reads", keys=20_000 if quick else 100_000,
             reads=2_000 if quick else 20_000, warmup=200 if quick else 2_000,
-            write_cost_entries=5_000 if quick else 20_000, log=log)
+            write_cost_entries=5_000 if quick else 20_000, log=log, held_us=cpu_latency_us)
     part_done(order[5])
     if "profile" in parts:
         from bench.profile import BACKENDS as PROFILE_BACKENDS

@@ -122,7 +122,9 @@ def _reads(reads: Mapping[str, Any]) -> list[Target]:
     def meets(q: Mapping[str, Any]) -> bool:
         return q["reads_per_s"] >= READS_PER_S and q["p99_ms"] <= READ_P99_MS
 
-    settings = [("", reads["queries"])]
+    held = reads.get("cpu_latency_us")
+    settings = [("" if held is None else f" (CPU latency request {held} µs: the whole run)",
+                 reads["queries"])]
     if reads.get("low_latency"):
         settings.append((" (CPU latency request 0 µs)", reads["low_latency"]["queries"]))
     out = []
