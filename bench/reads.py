@@ -10,13 +10,17 @@ checkpoint's version ranges span two branches per key-group segment and many ent
 have an older version, as on a namespace a job has run on for a while.
 
 Then ONE client (pymysql, one connection, sequential, parameterised SQL, autocommit;
-the floor and the primary-key read also from a client in C, MySQL Connector/Python's C
-extension, when the bench extra installed it) reads random keys with the queries README
+the floor and the primary-key reads also from a client in C, MySQL Connector/Python's C
+extension, when the bench extra installed it: through its cursor, and through its C API
+without the cursor layer, :class:`CApiConnection`) reads random keys with the queries README
 documents (pyflink_ndb.stores.views): by
 primary key on the state table, through the `<ns>_committed` view by primary key, by
 `kjson` through the view; and the package's own read path (`pyflink-ndb get`, i.e.
 `inspect.iter_entries`). Each after a warm-up; reads/s, p50, p99, p99.9. Every query's
-EXPLAIN is recorded with whether it reads the state table by an index.
+EXPLAIN is recorded with whether it reads the state table by an index. Then every read
+again, on other random keys, while the part holds a CPU latency request of 0 µs
+(bench/cpu_latency.py: on this machine's vCPUs a sequential client and its server wait for
+each other's CPU to wake from its halt), unless the whole run holds one.
 
 Last, the package's own read of keys that miss together (:func:`bundle_reads`: a
 read-ahead bundle of 100 keys after a restore), as the UNION ALL of primary-key reads and

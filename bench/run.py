@@ -28,6 +28,8 @@ Figures (see README, "Benchmarks"):
 6. committed-state point reads (`--only reads`, bench/reads.py): one SQL client on MariaDB
    reading random keys of 100,000 by primary key, through the `<ns>_committed` view and by
    `kjson`, and through `pyflink-ndb get`'s read path: reads/s, p50/p99/p99.9, EXPLAIN;
+   pymysql, a C client and its C API; every read again with a CPU latency request of 0 µs
+   held (bench/cpu_latency.py);
 7. the user-profile job (`--only profile`, bench/profile.py; issue 9, workload b): per
    Zipf-drawn user a ValueState, a MapState with TTL and a ListState (about 1 KB), on
    hashmap, RocksDB full and incremental, pyflink-ndb on SQLite and MariaDB (and RocksDB
