@@ -268,8 +268,8 @@ def bench_reads(mysql_url: str, namespace: str, keys: int = 100_000, reads: int 
                 write_cost_entries: int = 20_000, log: Callable[[str], None] = print,
                 held_us: int | None = None) -> dict[str, Any]:
     """The part: fill, create the views, then time each documented read from one client,
-    each round also while a CPU latency request of 0 µs is held (where this process may
-    hold one; `low_latency` in the result).
+    then every read again, on other random keys, while a CPU latency request of 0 µs is
+    held (where this process may hold one; `low_latency` in the result).
 
     :param keys: keys of the namespace (a ValueState and a MapState of
         :data:`MAP_ENTRIES` entries each).
