@@ -79,7 +79,8 @@ cluster-demo: venv jar db
 # A benchmark, not a test: about 85 minutes (QUICK=1: a few minutes); see README, "Benchmarks".
 bench: venv jar db
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS) --mysql-url "$(PYFLINK_NDB_TEST_MYSQL_URL)"
+	PYTHONWARNINGS="ignore:pkg_resources is deprecated:UserWarning" \
+	  $(PY) -m bench.run $(if $(QUICK),--quick) $(BENCH_ARGS) --mysql-url "$(PYFLINK_NDB_TEST_MYSQL_URL)"
 
 # Fault injection, the long variant: 200+ faults (crashes inside the protocol, bad records,
 # database kills, outages of 10 s and 60 s, locks and deadlocks, TaskManager kill -9 and

@@ -790,15 +790,17 @@ def markdown(r: dict[str, Any]) -> list[str]:
              "best round: the round of the query with the most reads/s (the least "
              "disturbed).", "",
              "| read | reads | reads/s | p50 ms | p99 ms | p99.9 ms | best round: reads/s, "
-             "p99 ms | correct | index | server optimize / execute ms | CPU latency 0 µs: "
-             "reads/s, p50 ms, p99 ms, correct |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
-    low = (r.get("low_latency") or {}).get("queries", {})
+             "p99 ms | correct | index | server optimize / execute ms |"
+             + (" CPU latency 0 µs: reads/s, p50 ms, p99 ms, correct |"
+                if r.get("low_latency") else ""),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+             + ("---:|" if r.get("low_latency") else "")]
+    low = (r.get("low_latency") or {}).get("queries")
     for label, q in r["queries"].items():
         ex = q.get("explain")
         server = q.get("server") or {}
         best = q.get("best_round") or {}
-        lq = low.get(label)
+        lq = None if low is None else low.get(label)
         lines.append(
             f"| {LABELS.get(label, label)} | {q['reads']:,} | {q['reads_per_s']:,.0f} | "
             f"{q['p50_ms']:.3f} | {q['p99_ms']:.3f} | {q['p999_ms']:.3f} | "
@@ -806,21 +808,24 @@ def markdown(r: dict[str, Any]) -> list[str]:
             + " | "
             f"{q['correct']:,} | {'–' if ex is None else ('yes' if ex['indexed'] else 'NO')} | "
             + ("–" if not server else
-               f"{server['optimize_ms']:.3f} / {server['execute_ms']:.3f}") + " | "
-            + ("–" if lq is None else
-               f"{lq['reads_per_s']:,.0f}, {lq['p50_ms']:.3f}, {lq['p99_ms']:.3f}, "
-               f"{lq['correct']:,}/{lq['reads']:,}") + " |")
+               f"{server['optimize_ms']:.3f} / {server['execute_ms']:.3f}") + " |"
+            + ("" if low is None else " " + (
+                "–" if lq is None else
+                f"{lq['reads_per_s']:,.0f}, {lq['p50_ms']:.3f}, {lq['p99_ms']:.3f}, "
+                f"{lq['correct']:,}/{lq['reads']:,}") + " |"))
     if r.get("cpu_latency_us") is not None:
         lines += ["", f"Every read of this part ran while the whole run held a CPU latency "
                   f"request of {r['cpu_latency_us']} µs (`--cpu-latency-us`); none ran again."]
     else:
-        lines += ["", "CPU latency 0 µs: each round read again on the same keys while the part "
-                  "held a Linux CPU latency QoS request of 0 µs (`/dev/cpu_dma_latency`: the "
-                  "idle CPUs poll instead of halting; bench/cpu_latency.py), the two in turn "
-                  "(which went first alternated from round to round); idle states "
+        lines += ["", "CPU latency 0 µs: every read again, after all the others and on other "
+                  "random keys, while the part held a Linux CPU latency QoS request of 0 µs "
+                  "(`/dev/cpu_dma_latency`: the idle CPUs poll instead of halting; "
+                  "bench/cpu_latency.py); idle states "
                   + (", ".join(f"`{n}`" for n in r["low_latency"]["idle_states"])
                      if r.get("low_latency") else "–")
-                  + "; – where the part could not hold it (not root)."]
+                  + ("" if r.get("low_latency") else
+                     ". Not measured in this run: the part could not hold the request (it "
+                     "needs root and /dev/cpu_dma_latency)") + "."]
     bundles = r.get("bundles")
     if bundles:
         lines += ["", f"The package's own reads of keys that miss together (a read-ahead bundle "

@@ -91,7 +91,8 @@ def main() -> None:
 @click.option("--limit", default=20, show_default=True,
               help="Entries to print (0: all); only what is printed is read.")
 @click.option("--sql", "show_sql", is_flag=True,
-              help="Print the SQL (and its parameters) of one operator's committed state.")
+              help="Print the SQL (and its parameters) of one operator's committed state "
+                   "(of one state with --state).")
 def query(url: str, namespace: str, operator: str | None, state_name: str | None,
           limit: int, show_sql: bool) -> None:
     """Print the committed state (the operator's latest completed checkpoint): one JSON
@@ -104,6 +105,13 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
             operator = _resolve_operator(namespace, operator,
                                          [o.operator for o in store.operators()])
             sql, params = store.committed_sql(operator)
+            if state_name is not None:
+                names = {r["state_name"] for r in store.catalog(operator)}
+                if state_name not in names:
+                    raise click.ClickException(
+                        f"No state {state_name!r} in operator {operator}; states: "
+                        f"{', '.join(sorted(names)) or 'none'}.")
+                sql, params = f"{sql} AND c.state_name = ?", [*params, state_name]
             click.echo(store._sql(sql))
             click.echo("-- parameters: " + json.dumps(params, default=repr))
             return
@@ -702,7 +710,8 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
             raise click.ClickException(
                 f"No committed entry with {what}{hint}; some keys: "
                 f"{', '.join(sample) or 'none'}.")
-        click.echo(f"-- {printed} entries from {store.describe()}", err=True)
+        click.echo(f"-- {printed} {'entry' if printed == 1 else 'entries'} from "
+                   f"{store.describe()}", err=True)
         if limit and printed >= limit and last is not None:
             click.echo(f"-- next page: --after {last.cursor.to_token()}", err=True)
 

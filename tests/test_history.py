@@ -388,6 +388,31 @@ def test_cli_filters_that_match_nothing_list_what_exists(tmp_path, local_dir):
     assert out.exit_code == 0 and "-- parameters:" in out.output
 
 
+def test_cli_sql_of_one_state_runs_and_reads_that_state(tmp_path, local_dir):
+    """`query --sql --operator U --state S` prints a statement of that state only (a new
+    user found `--state` ignored); run as printed, it returns the committed value."""
+    import json
+    import sqlite3
+
+    from pyflink_ndb.stores import open_store
+
+    path = tmp_path / "s.sqlite"
+    url = f"sqlite:///{path}"
+    store = open_store(NdbStateOptions(url=url, namespace="c"))
+    a = Attempt(store, local_dir)
+    a.put("k", 41)
+    a.t.checkpoint(1)
+    base = ["--url", url, "--namespace", "c", "--operator", "op"]
+    out = CliRunner().invoke(cli, ["query", *base, "--sql", "--state", "v"])
+    assert out.exit_code == 0, out.output
+    sql, params = out.output.strip().rsplit("\n-- parameters: ", 1)
+    assert sql.endswith("AND c.state_name = ?") and json.loads(params)[-1] == "v"
+    rows = sqlite3.connect(path).execute(sql, json.loads(params)).fetchall()
+    assert [(r[0], r[1]) for r in rows] == [("op", "v")]
+    out = CliRunner().invoke(cli, ["query", *base, "--sql", "--state", "nope"])
+    assert out.exit_code != 0 and "No state 'nope' in operator op; states: v." in out.output
+
+
 @pytest.mark.parametrize(("operator", "hint"), [
     ("0123456789abcdef0123456789abcdef", True), ("counter", False)])
 def test_a_fresh_start_conflict_says_what_a_hex_operator_name_is(store, operator, hint):
