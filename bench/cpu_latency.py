@@ -11,10 +11,10 @@ Python interpreter's other threads.
 
 A program lowers the latency the idle states may add by writing a 32-bit integer (µs)
 to `/dev/cpu_dma_latency` and keeping the file open; the request ends when the file is
-closed (Linux, Documentation/power/pm_qos_interface.rst, "CPU latency QoS"). It is what
-tuned's `latency-performance` and `network-latency` profiles hold on database and
-trading hosts (`force_latency`). With 0 the idle CPUs poll instead of halting: they burn
-their own cycles, not the other CPU's.
+closed (Linux, Documentation/power/pm_qos_interface.rst, "CPU latency QoS"). tuned's
+`latency-performance` profile holds 1–3 µs there (`force_latency`), `cyclictest` 0 by
+default. With 0 the idle CPUs poll instead of halting: they burn their own cycles, not
+the other CPU's.
 
 The benchmark parts that report with and without it say so in their tables. The
 request changes no server's configuration (MariaDB's included) and ends with the
