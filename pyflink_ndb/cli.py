@@ -106,11 +106,7 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
                                          [o.operator for o in store.operators()])
             sql, params = store.committed_sql(operator)
             if state_name is not None:
-                names = {r["state_name"] for r in store.catalog(operator)}
-                if state_name not in names:
-                    raise click.ClickException(
-                        f"No state {state_name!r} in operator {operator}; states: "
-                        f"{', '.join(sorted(names)) or 'none'}.")
+                _states(store, [operator], state_name)  # the error when it has no such state
                 sql, params = f"{sql} AND c.state_name = ?", [*params, state_name]
             click.echo(store._sql(sql))
             click.echo("-- parameters: " + json.dumps(params, default=repr))
@@ -122,11 +118,7 @@ def query(url: str, namespace: str, operator: str | None, state_name: str | None
             operator = _resolve_operator(namespace, operator, known)
         ops = [operator] if operator is not None else sorted(known)
         if state_name is not None:
-            names = {r["state_name"] for op in ops for r in store.catalog(op)}
-            if state_name not in names:
-                raise click.ClickException(
-                    f"No state {state_name!r} in operator(s) {', '.join(ops) or 'none'}; "
-                    f"states: {', '.join(sorted(names)) or 'none'}.")
+            _states(store, ops, state_name)  # the error when none of them has the state
         for op in ops:
             if known[op].committed is None:
                 click.echo(f"-- operator {op!r} has no completed checkpoint yet (readers see "

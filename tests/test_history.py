@@ -410,7 +410,7 @@ def test_cli_sql_of_one_state_runs_and_reads_that_state(tmp_path, local_dir):
     rows = sqlite3.connect(path).execute(sql, json.loads(params)).fetchall()
     assert [(r[0], r[1]) for r in rows] == [("op", "v")]
     out = CliRunner().invoke(cli, ["query", *base, "--sql", "--state", "nope"])
-    assert out.exit_code != 0 and "No state 'nope' in operator op; states: v." in out.output
+    assert out.exit_code != 0 and "No state 'nope' in operator(s) op; states: v." in out.output
 
 
 @pytest.mark.parametrize(("operator", "hint"), [
