@@ -2023,14 +2023,11 @@ def main(quick: bool, mysql_url: str, parallelism: int, out_dir: Path,
          cpu_latency_us: int | None) -> None:
     """Benchmark pyflink-ndb against PyFlink's hashmap and RocksDB backends."""
     if cpu_latency_us is not None and not replot:
-        if not cpu_latency.available():
-            raise click.BadParameter(f"{cpu_latency.DEVICE} is missing or not writable "
-                                     "(run as root, or leave the option out)",
-                                     param_hint="--cpu-latency-us")
         with cpu_latency.held(cpu_latency_us) as held:
             if not held:
-                raise click.BadParameter(f"{cpu_latency.DEVICE} refused the request",
-                                         param_hint="--cpu-latency-us")
+                raise click.BadParameter(f"{cpu_latency.DEVICE} is missing, not writable or "
+                                         "refused the request (run as root, or leave the "
+                                         "option out)", param_hint="--cpu-latency-us")
             run_parts(quick, mysql_url, parallelism, out_dir, only, repeat,
                       namespace_prefix, cpu_latency_us)
         return
