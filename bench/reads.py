@@ -627,28 +627,25 @@ def c_client(args: dict[str, Any]) -> Any:
     return mysql.connector.connect(host=args["host"], port=args["port"], user=args["user"],
                                    password=args["password"] or "",
                                    database=args["database"], autocommit=True,
-                                   use_pure=False)
+                                   charset="utf8mb4", use_pure=False)
 
 
 class CApiConnection:
     """One connection of the C API that MySQL Connector/Python's C extension wraps
     (`_mysql_connector.MySQL`), used as a program in C uses its client library: the
     statement sent with `mysql_query`, the buffered result's rows fetched one by one,
-    without the connector's cursor layer in Python. The connector opens it (utf8mb4,
-    autocommit, its authentication plugins); parameters become SQL literals by the
+    without the connector's cursor layer in Python. The connector opens it
+    (:func:`c_client`: utf8mb4, autocommit, its authentication plugins); `connection` is
+    that connection. Parameters become SQL literals by the
     library's own conversion (`convert_to_mysql`: converted, escaped and quoted in C, what
     the connector's cursor does with them; bytes get the `_binary` introducer, as pymysql's
     `binary_prefix` gives them), so statements stay parameterised (`%s`, as with pymysql;
     no other `%` in them)."""
 
-    def __init__(self, args: dict[str, Any]) -> None:
-        import mysql.connector
-
-        self._connection = mysql.connector.connect(
-            host=args["host"], port=args["port"], user=args["user"],
-            password=args["password"] or "", database=args["database"], autocommit=True,
-            charset="utf8mb4", use_pure=False)
-        self._api = self._connection._cmysql
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+        self._api = connection._cmysql
+        self._api.buffered(True)  # each result read whole (mysql_store_result), then its rows
         self._encoded: dict[str, bytes] = {}
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -673,11 +670,8 @@ class CApiConnection:
 
 def c_api_client(args: dict[str, Any]) -> CApiConnection | None:
     """A :class:`CApiConnection`, or None where :func:`c_client` finds no C extension."""
-    try:
-        from mysql.connector import HAVE_CEXT
-    except ImportError:
-        return None
-    return CApiConnection(args) if HAVE_CEXT else None
+    connection = c_client(args)
+    return None if connection is None else CApiConnection(connection)
 
 
 def c_client_name() -> str:
