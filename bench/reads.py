@@ -22,6 +22,13 @@ again, on other random keys, while the part holds a CPU latency request of 0 µs
 (bench/cpu_latency.py: on this machine's vCPUs a sequential client and its server wait for
 each other's CPU to wake from its halt), unless the whole run holds one.
 
+What a view costs this server, apart from what the documented views compute
+(:func:`model_views`, rows `model_*`, C API): the same primary-key read through a view of
+the state table alone, and through `<ns>_committed_rows` rebuilt on a table of the version
+ranges instead of `<ns>_committed_ranges`'s JSON_TABLEs (the stored-format change a faster
+view would need), with and without its newest-version check. Models, not documented reads:
+issue 9's targets leave them out (bench/targets.py).
+
 Last, the package's own read of keys that miss together (:func:`bundle_reads`: a
 read-ahead bundle of 100 keys after a restore), as the UNION ALL of primary-key reads and
 as the MySQL store's join, both on the same bundles.
@@ -316,6 +323,7 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
                            password=args["password"] or "", database=args["database"],
                            charset="utf8mb4", autocommit=True, binary_prefix=True)
     cconn = capi = None
+    drop_models: list[str] = []
     out: dict[str, Any] = {"namespace": namespace, **filled, "queries": {},
                            "loadavg_before": list(os.getloadavg())}
     try:
@@ -328,6 +336,9 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
         views.create_views(store)
         out["kjson_index"] = views.has_kjson_index(store)
         cur = conn.cursor()
+        create_models, drop_models = model_views(namespace, views.views_sql(store)[1])
+        for statement in create_models:
+            cur.execute(statement)
         cur.execute("SELECT VERSION()")
         out["server"] = cur.fetchone()[0]
         infos = {s.name: s for s in states_of(store, OPERATOR)}
@@ -439,16 +450,50 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
             pk_query = queries[1]
             queries += [(f"{label}_c", f"{text}; C client", (make, cfetch), check, (), count)
                         for label, text, make, check, _, count in (queries[0], pk_query)]
+        by_label = {q[0]: q for q in queries}
         if capi is not None:
-            # The floor and the two primary-key reads from the C API itself: what one
-            # sequential connection of a client in C reads, without a cursor layer.
-            by_label = {q[0]: q for q in queries}
+            # The floor, the two primary-key reads and the two views' from the C API
+            # itself: what one sequential connection of a client in C reads, without a
+            # cursor layer (for the views: what the server's own work leaves).
             for label, run in (("floor", capi.execute), ("pk", capi.execute),
-                               ("pk_versions", validated(capi.execute))):
+                               ("pk_versions", validated(capi.execute)),
+                               ("view_pk", capi.execute), ("rows_pk", capi.execute)):
                 _, text, make, check, _, count = by_label[label]
                 make = make[0] if isinstance(make, tuple) else make
                 queries.append((f"{label}_capi", f"{text}; C API", (make, run), check, (),
                                 count))
+        # The models of what a view costs (model_views), from the best client here.
+        model_run = fetch if capi is None else capi.execute
+        suffix = "" if capi is None else "_capi"
+        client = "" if capi is None else "; C API"
+        key_where = "key_group = %s AND state_id = %s AND ukey = %s AND chunk = 0"
+        rows_where = "operator = %s AND state = %s AND key_group = %s AND ukey = %s"
+
+        def newest_is_expected(i: int, rows: Sequence[Any]) -> bool:
+            row = views.newest_in_ranges(rows, pairs[kgs[i]])
+            return row is not None and not row[1] and expect_value(i, row[2])
+
+        queries += [
+            (f"{MODEL_PREFIX}plain{suffix}", "model: a view of the state table alone, by "
+             "primary key, every version (the one the ranges see picked by the client)"
+             + client,
+             (lambda i: (f"SELECT version, tombstone, vjson FROM {namespace}_model_plain "
+                         f"WHERE {key_where}", [kgs[i], value_id, ukeys[i]]), model_run),
+             newest_is_expected, (f"{namespace}_state",), reads),
+            (f"{MODEL_PREFIX}rows{suffix}", "model: `NS_committed_rows` with its ranges "
+             "from a table, by primary key" + client,
+             (lambda i: (f"SELECT kind, vjson, checkpoint FROM {namespace}_model_rows "
+                         f"WHERE {rows_where}", [OPERATOR, VALUE_STATE, kgs[i], ukeys[i]]),
+              model_run),
+             lambda i, r: len(r) == 1 and expect_value(i, r[0][1]), ("s",), reads),
+            (f"{MODEL_PREFIX}rows_all{suffix}", "model: that view without its "
+             "newest-version check (every visible version; the newest picked by the "
+             "client)" + client,
+             (lambda i: (f"SELECT version, 0, vjson FROM {namespace}_model_rows_all "
+                         f"WHERE {rows_where}", [OPERATOR, VALUE_STATE, kgs[i], ukeys[i]]),
+              model_run),
+             newest_is_expected, ("s",), reads),
+        ]
         states = [infos[VALUE_STATE]]
 
         def get(i: int) -> Any:
@@ -502,6 +547,11 @@ def measure_reads(mysql_url: str, namespace: str, filled: dict[str, Any], reads:
         out["bundles"] = bundle_reads(store, ranges, value_id, keys, log=log)
         out["loadavg_after"] = list(os.getloadavg())
     finally:
+        try:
+            for statement in drop_models:
+                conn.cursor().execute(statement)
+        except pymysql.err.MySQLError:  # the server is gone: the namespace's drop takes them
+            pass
         conn.close()
         if cconn is not None:
             cconn.close()
@@ -558,6 +608,48 @@ VALIDATE_EVERY = 100
 #: default) and bundles per form.
 BUNDLE_KEYS = 100
 BUNDLES = 40
+
+
+#: Prefix of part 6's model reads (:func:`model_views`): not reads users are told to make.
+MODEL_PREFIX = "model_"
+
+
+def model_views(namespace: str, rows_view_sql: str) -> tuple[list[str], list[str]]:
+    """What a view costs on this server, as objects of the bench's own namespace: the
+    statements that create them, and those that drop them.
+
+    * `NS_model_ranges`: a table of `NS_committed_ranges`'s rows (operator, key-group
+      segment, version range, checkpoint), copied once;
+    * `NS_model_plain`: a view of the state table alone (no join, no condition): what any
+      view adds to a statement;
+    * `NS_model_rows`: `NS_committed_rows` exactly as :func:`views_sql
+      <pyflink_ndb.stores.views.views_sql>` makes it (`rows_view_sql`), its ranges read
+      from that table instead of the JSON_TABLE view: the view a stored table of ranges
+      (a format change, kept up to date by every move of `committed`) would give;
+    * `NS_model_rows_all`: that view without its newest-version check (`NOT EXISTS`), so
+      it returns every visible version (a deleted entry's older ones too: a model of the
+      cost, not a read of the committed state): what the join alone costs.
+    """
+    ranges_view, rows_view = f"{namespace}_committed_ranges", f"{namespace}_committed_rows"
+    table, plain = f"{namespace}_model_ranges", f"{namespace}_model_plain"
+    rows, rows_all = f"{namespace}_model_rows", f"{namespace}_model_rows_all"
+    if rows_view_sql.count(ranges_view) != 2 or " AND NOT EXISTS (" not in rows_view_sql:
+        raise ValueError("the rows view's text changed: update bench.reads.model_views")
+    model = rows_view_sql.replace(ranges_view, table).replace(f"VIEW {rows_view} AS",
+                                                              f"VIEW {rows} AS")
+    everything = model[:model.index(" AND NOT EXISTS (")].replace(f"VIEW {rows} AS",
+                                                                  f"VIEW {rows_all} AS")
+    create = [f"DROP TABLE IF EXISTS {table}",
+              f"CREATE TABLE {table} (operator VARCHAR(255) NOT NULL, kg_start SMALLINT NOT "
+              "NULL, kg_end SMALLINT NOT NULL, lo BIGINT NOT NULL, hi BIGINT NOT NULL, "
+              "checkpoint BIGINT NOT NULL, PRIMARY KEY (operator, kg_start, lo))",
+              f"INSERT INTO {table} SELECT operator, kg_start, kg_end, lo, hi, checkpoint "
+              f"FROM {ranges_view}",
+              f"CREATE OR REPLACE VIEW {plain} AS SELECT * FROM {namespace}_state",
+              model, everything]
+    drop = [f"DROP VIEW IF EXISTS {rows_all}", f"DROP VIEW IF EXISTS {rows}",
+            f"DROP VIEW IF EXISTS {plain}", f"DROP TABLE IF EXISTS {table}"]
+    return create, drop
 
 
 def bundle_reads(store: Any, ranges: Sequence[Sequence[Any]], value_id: int, keys: int,
@@ -758,6 +850,14 @@ LABELS = {
     "rows_kjson": "`NS_committed_rows` by `kjson_key`",
     "view_key_text": "`NS_committed` by `key_text` (no index)",
     "get": "`pyflink-ndb get` read path (Python)",
+    "view_pk_capi": "`NS_committed` by primary key, C API",
+    "rows_pk_capi": "`NS_committed_rows` by primary key, C API",
+    "model_plain_capi": "model: a view of the state table alone, C API",
+    "model_rows_capi": "model: `NS_committed_rows` on a table of ranges, C API",
+    "model_rows_all_capi": "model: the same without the newest-version check, C API",
+    "model_plain": "model: a view of the state table alone",
+    "model_rows": "model: `NS_committed_rows` on a table of ranges",
+    "model_rows_all": "model: the same without the newest-version check",
 }
 
 

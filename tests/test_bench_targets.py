@@ -95,3 +95,14 @@ def test_a_missed_target_is_marked_in_the_summary():
     assert "6,200 ms against 100 ms (RocksDB unaligned) | **no** |" in table
     assert "(a)" not in table  # part 1 did not run: no row, no verdict
     assert markdown({}) == []
+
+
+def test_the_models_of_what_a_view_costs_count_in_neither_row():
+    """Part 6's `model_*` reads (bench.reads.model_views) are not reads users are told to
+    make: a fast, correct model meets neither the primary-key row nor the views' row."""
+    results = _results(10_000.0, 100.0)
+    fast = {"reads": 9, "correct": 9, "reads_per_s": 50_000.0, "p99_ms": 0.05}
+    results["reads"]["queries"].update(model_plain_capi=fast, model_rows_capi=fast)
+    by_key, views = [t for t in targets(results) if t.workload == "reads"]
+    assert by_key.met is False and "model" not in by_key.measured
+    assert views.met is False and "model" not in views.measured

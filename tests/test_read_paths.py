@@ -295,6 +295,44 @@ def test_the_view_by_primary_key_returns_the_committed_entry(cur, model: Model):
                                            else None)
 
 
+
+def test_bench_models_of_the_view_read_what_the_view_reads(cur, model: Model):
+    """Bench part 6's models of what a view costs (bench.reads.model_views) are measured
+    against the documented view: `NS_model_rows` (the rows view on a table of the ranges)
+    answers exactly as `NS_committed_rows`, and `NS_model_rows_all` (no newest-version
+    check) returns every visible version, the newest of which is the view's row."""
+    from bench.reads import model_views
+
+    create, drop = model_views(model.namespace, views.views_sql(model.store)[1])
+    _, by_group = committed_ranges(cur, model)
+    rows_pk = views.rows_point_read_query(model.namespace)
+    try:
+        for statement in create:
+            cur.execute(statement)
+        older = 0
+        for key in sample():
+            params = [OPERATOR, "profile", local_key_group(key), encode_key(key)]
+            want = fetch(cur, rows_pk, params)
+            assert fetch(cur, rows_pk.replace("_committed_rows", "_model_rows"),
+                         params) == want, key
+            every = fetch(cur, f"SELECT version, vjson FROM {model.namespace}_model_rows_all"
+                               " WHERE operator = %s AND state = %s AND key_group = %s AND "
+                               "ukey = %s ORDER BY version", params)
+            if key != DELETED:  # without the check, its older version shows (a model)
+                assert [r[1] for r in every[-1:]] == [r[1] for r in want], key
+            older += len(every) > 1
+            flat = by_group[local_key_group(key)]
+            pairs = list(zip(flat[0::2], flat[1::2], strict=True))
+            assert all(any(lo <= v <= hi for lo, hi in pairs) for v, _ in every)
+        assert older, "the sample holds keys with an older visible version (checkpoint 1)"
+        plain = fetch(cur, f"SELECT COUNT(*) FROM {model.namespace}_model_plain", [])
+        assert plain == fetch(cur, f"SELECT COUNT(*) FROM {model.store.t_state}", [])
+    finally:
+        for statement in drop:
+            cur.execute(statement)
+    with pytest.raises(ValueError, match="model_views"):
+        model_views(model.namespace, "CREATE OR REPLACE VIEW x AS SELECT 1")
+
 def by_key(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[str, Any], Any]:
     return {(state, None if mkey is None else json.loads(mkey)): json.loads(vjson)
             for state, mkey, vjson, *_ in rows}
