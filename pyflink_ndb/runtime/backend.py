@@ -406,11 +406,36 @@ class SubtaskStateBackend:
                     outputs = [None] * (i - start)
                 if isinstance(out, tuple):
                     outputs.append(out[0])
-                    return gain, outputs, out[1]
+                    return gain, outputs, self._rest_in_bundle(record, out[1])
                 outputs.append(out)
             return gain, outputs, None
         finally:
             self.bundle = None
+
+    def _rest_in_bundle(self, record: RecordInBundle, rest: Iterator[Any]) -> Iterator[Any]:
+        """The further outputs of the bundle's `record` (it had more than
+        :data:`OUTPUTS_PER_CALL`), which the bridge iterates after :meth:`process_bundle`
+        returned: each is produced with `record` the bundle's current record again, so that
+        what the function does after its first outputs (delete or register its key's
+        processing-time timer, read its timestamp) goes through the bundle as before them.
+        Without it a record that deleted its key's firing timeout after 1,100 outputs left it
+        firing (found by a breaker). The bundle is current only inside each step: between
+        steps Java runs its own code, and after the last the bridge's next call sets its
+        own."""
+        try:
+            while True:
+                self.bundle = record
+                try:
+                    item = next(rest)
+                except StopIteration:
+                    return
+                finally:
+                    self.bundle = None
+                yield item
+        finally:
+            close = getattr(rest, "close", None)
+            if close is not None:
+                close()
 
     def bundle_processing_timer(self, timestamp: int, delete: bool) -> bool:
         """Before the record of the bundle being processed deletes (`delete`) or registers

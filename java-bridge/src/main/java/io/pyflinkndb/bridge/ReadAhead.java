@@ -3,7 +3,10 @@ package io.pyflinkndb.bridge;
 import org.apache.flink.streaming.runtime.streamrecord.StreamRecord;
 
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.LinkedList;
 import java.util.List;
+import java.util.Map;
 
 /**
  * The bundle of records a keyed process operator holds back so that Python can read their keys'
@@ -136,19 +139,53 @@ final class ReadAhead<T> {
     }
 
     /**
-     * A copy of {@code external} whose {@code Object[]} arrays (at any depth) are new: PyFlink's
-     * {@code RowDataConverter} and {@code TupleDataConverter} reuse their output arrays from one
-     * record to the next, and a bundle hands all its records to Python at once.
+     * A copy of {@code external} whose {@code Object[]} arrays (at any depth, inside lists and
+     * maps too) are new: PyFlink's {@code RowDataConverter} and {@code TupleDataConverter} reuse
+     * their output arrays from one record to the next, and a bundle hands all its records to
+     * Python at once. Its {@code ListDataConverter} and {@code MapDataConverter} make a new list
+     * or map per record, but of the element converter's (reused) arrays: such a list or map is
+     * copied too (a {@code LinkedList}, a {@code LinkedHashMap} in the same order), else every
+     * record of the bundle saw the last record's rows (found by a breaker: a key of type {@code
+     * ROW(STRING, LIST(TUPLE(INT, INT)))} counted under another key). A list or map without
+     * arrays in it is returned as it is.
      */
     static Object copyArrays(Object external) {
-        if (!(external instanceof Object[])) {
-            return external;
+        if (external instanceof Object[]) {
+            Object[] array = ((Object[]) external).clone();
+            for (int i = 0; i < array.length; i++) {
+                array[i] = copyArrays(array[i]);
+            }
+            return array;
         }
-        Object[] array = ((Object[]) external).clone();
-        for (int i = 0; i < array.length; i++) {
-            array[i] = copyArrays(array[i]);
+        if (external instanceof List) {
+            List<?> list = (List<?>) external;
+            List<Object> copy = null;
+            int i = 0;
+            for (Object element : list) {
+                Object copied = copyArrays(element);
+                if (copy == null && copied != element) {
+                    copy = new LinkedList<>(list.subList(0, i));
+                }
+                if (copy != null) {
+                    copy.add(copied);
+                }
+                i++;
+            }
+            return copy == null ? external : copy;
         }
-        return array;
+        if (external instanceof Map) {
+            Map<?, ?> map = (Map<?, ?>) external;
+            Map<Object, Object> copy = new LinkedHashMap<>();
+            boolean changed = false;
+            for (Map.Entry<?, ?> entry : map.entrySet()) {
+                Object key = copyArrays(entry.getKey());
+                Object value = copyArrays(entry.getValue());
+                changed |= key != entry.getKey() || value != entry.getValue();
+                copy.put(key, value);
+            }
+            return changed ? copy : external;
+        }
+        return external;
     }
 
     /** Python's answer for a bundle: the store reads it saved or needed (0: nothing to gain). */

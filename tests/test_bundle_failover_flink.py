@@ -1,4 +1,5 @@
-"""Breaker: a task failure thrown in the middle of a bundle (its 37th record), then a
+"""Bundles (a breaker's attack that found them sound): a task failure thrown in the
+middle of a bundle (its 37th record), then a
 restart from the last completed checkpoint, with a function that reads and updates four
 state kinds per record and keys of many types (pickled keys: tuples, None, bools, ints,
 floats, -0.0). Every output (collect sink: exactly-once with checkpoints) and so every
@@ -16,8 +17,12 @@ import cloudpickle
 import pytest
 from conftest import drop_namespace, unique_namespace
 from pyflink.common import Configuration, Types, WatermarkStrategy
-from pyflink.datastream import CheckpointingMode, KeyedProcessFunction, ReduceFunction
-from pyflink.datastream import StreamExecutionEnvironment
+from pyflink.datastream import (
+    CheckpointingMode,
+    KeyedProcessFunction,
+    ReduceFunction,
+    StreamExecutionEnvironment,
+)
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.state import (
     ListStateDescriptor,
@@ -147,5 +152,6 @@ def test_failure_in_the_middle_of_a_bundle_then_exact_state(bundle, tmp_path, my
     first = next(iter(wrong), None)
     detail = None
     if first is not None:
-        detail = [(g, e) for g, e in zip(per_key.get(first, []), expected[first]) if g != e][:2]
+        pairs = zip(per_key.get(first, []), expected[first], strict=False)
+        detail = [(g, e) for g, e in pairs if g != e][:2]
     assert not wrong and set(per_key) == set(expected), (wrong, detail)

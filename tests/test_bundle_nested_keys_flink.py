@@ -1,4 +1,5 @@
-"""Breaker: keys whose type nests Tuples inside a LIST (PyFlink's Java converters reuse a
+"""Bundles and read-ahead: keys whose type nests Tuples inside a LIST (PyFlink's Java
+converters reuse a
 Tuple's array from one record to the next): each bundled record's state must be its own
 key's. Reference: the same job on PyFlink's own keyed state, parallelism 1."""
 
@@ -62,7 +63,7 @@ def test_nested_tuple_keys_in_bundles(bundle, mysql_url):
         drop_namespace(mysql_url, namespace)
     expected = run(None)
     assert [(i, "k", [(i % 5, i % 5 * 10)], i // 5 + 1) for i in range(RECORDS)] == expected
-    bad = [(g, e) for g, e in zip(got, expected) if g != e]
+    bad = [(g, e) for g, e in zip(got, expected, strict=False) if g != e]
     assert not bad and len(got) == RECORDS, f"{len(bad)} differ; e.g. {bad[:3]}"
 
 
@@ -85,5 +86,5 @@ def test_nested_tuple_keys_read_ahead_after_resume(mysql_url):
     assert first == [(i, "k", [(i % 5, i % 5 * 10)], i // 5 + 1) for i in range(RECORDS)]
     wanted = [(i, "k", [(i % 5, i % 5 * 10)], RECORDS // 5 + i // 5 + 1)
               for i in range(RECORDS)]
-    bad = [(g, e) for g, e in zip(second, wanted) if g != e]
+    bad = [(g, e) for g, e in zip(second, wanted, strict=False) if g != e]
     assert not bad and len(second) == RECORDS, f"{len(bad)} differ; e.g. {bad[:3]}"

@@ -1,4 +1,4 @@
-"""Breaker: event-time timers with out-of-order records and periodic watermarks while
+"""Bundles: event-time timers with out-of-order records and periodic watermarks while
 records come in bundles, on Row keys (positional and named). Checked at parallelism 1,
 outputs in emission order:
 

@@ -1,4 +1,4 @@
-"""Breaker: stop-with-savepoint (no drain) while the bridge holds a bundle back (bundles of
+"""Bundles: stop-with-savepoint (no drain) while the bridge holds a bundle back (bundles of
 1,000 records that may wait a minute, no periodic checkpoint before the stop), then a
 second job restored from that savepoint runs the rest of the same replayable source. Every
 record must be counted exactly once over both jobs: the held-back records must run before

@@ -1,4 +1,5 @@
-"""Breaker: a source that pauses (no records, no watermark, no barrier for 4 s) while the
+"""Bundles (a breaker's attack that found them sound): a source that pauses (no
+records, no watermark, no barrier for 4 s) while the
 bridge holds a bundle back that is far from full (`bundle.records` 1000): the held-back
 records must leave after `bundle.max-wait-ms`, not when the source resumes."""
 
