@@ -80,6 +80,56 @@ def test_a_record_with_more_outputs_than_one_call_ends_the_call(subtask):
     assert (outputs, rest) == ([["y"]], None)
 
 
+
+def test_the_rest_of_a_records_outputs_runs_with_the_bundle_current(subtask):
+    """What a record does after its first OUTPUTS_PER_CALL outputs (delete its firing
+    timeout) goes through the bundle, as before them: the bridge iterates the rest after
+    process_bundle returned (a breaker's find: the bundle was gone by then)."""
+    backend = subtask.backend
+    current: list[Any] = []
+
+    def outputs(key: str, total: int) -> Any:
+        for i in range(OUTPUTS_PER_CALL + 2):
+            current.append(backend.bundle)
+            yield i
+    backend._operation = _Operation(subtask, outputs)
+    _, _, rest = backend.process_bundle([("a", 1)], [local_key_group("a")], [5], 0, False)
+    assert backend.bundle is None
+    assert list(rest) == [OUTPUTS_PER_CALL, OUTPUTS_PER_CALL + 1]
+    bundle = current[0]
+    assert bundle is not None and all(b is bundle for b in current), "the record's bundle"
+    assert bundle.index == 0 and bundle.timestamp == 5
+    assert backend.bundle is None, "current only inside each step of the rest"
+
+
+def test_equal_keys_that_flink_puts_in_two_key_groups_fail_clearly(subtask):
+    """Two records whose keys are equal by value (one key to the tiers) but that Flink put
+    in two key groups (two keys to Flink: a pickled `(s, s)` and `(s, copy of s)`, a
+    breaker's find) are refused with an error naming the fix, before the second record is
+    processed; also when the second is met while reading a bundle ahead."""
+    from pyflink_ndb.errors import SerializationError
+
+    backend = subtask.backend
+    operation = _Operation(subtask, lambda key, total: [])
+    backend._operation = operation
+    s = "key-1"
+    t = "".join(list(s))
+    records = [((s, s), 1), ((s, t), 1)]
+    kg = local_key_group((s, s))
+    with pytest.raises(SerializationError, match="key_type") as err:
+        backend.process_bundle(records, [kg, (kg + 1) % 128], [0, 0], 0, False)
+    assert f"key group {kg}, but Flink put this record in key group {(kg + 1) % 128}" in str(
+        err.value)
+    assert len(operation.seen) == 1, "the second record was not processed"
+    assert backend.bundle is None
+    # The same key in the same key group is one key, as before.
+    backend.process_bundle(records, [kg, kg], [0, 0], 0, False)
+    assert [k for k, _, _ in operation.seen[1:]] == [(s, s), (s, t)]
+    # Read ahead: the bundle's keys are checked before anything is read.
+    backend._record_key = lambda record: record[0]
+    with pytest.raises(SerializationError, match="key_type"):
+        backend.read_ahead(records, [kg, (kg + 2) % 128])
+
 def test_a_subtask_that_processes_bundles_says_so_in_the_log(subtask, caplog):
     import logging
 

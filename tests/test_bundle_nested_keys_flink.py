@@ -88,3 +88,53 @@ def test_nested_tuple_keys_read_ahead_after_resume(mysql_url):
               for i in range(RECORDS)]
     bad = [(g, e) for g, e in zip(second, wanted, strict=False) if g != e]
     assert not bad and len(second) == RECORDS, f"{len(bad)} differ; e.g. {bad[:3]}"
+
+
+class CountPickled(KeyedProcessFunction):
+    def open(self, runtime_context: Any) -> None:
+        self.count = runtime_context.get_state(ValueStateDescriptor("n", Types.LONG()))
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        n = (self.count.value() or 0) + 1
+        self.count.update(n)
+        yield repr((value[0], n))
+
+
+def same_object_twice_or_not(v: Any) -> tuple[str, str]:
+    """(s, s) for even records, (s, an equal but distinct str) for odd ones: pickled, two
+    keys to Flink (pickle writes the repeated object as a reference), one to the tiers."""
+    s = f"key-{v[1]}"
+    return (s, s) if v[0] % 2 == 0 else (s, "".join(list(s)))
+
+
+def test_equal_keys_that_pickle_differently_fail_clearly_in_bundles(mysql_url):
+    """A key_by without key_type keys the stream by the key's pickle; keys equal in Python
+    whose pickles differ are two keys in two key groups to Flink, one key to pyflink-ndb.
+    Where both reach one subtask in bundles, the job fails with the error that names the
+    fix (a key_type) instead of keeping both keys' state under one key group (a breaker's
+    find). With the key_type it names, the same job counts each key by value."""
+    from py4j.protocol import Py4JJavaError
+
+    namespace = unique_namespace("bkpk")
+    options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace}
+    records = [(i, i % 5) for i in range(200)]
+    try:
+        env = thread_mode_env(1)
+        keyed = env.from_collection(records, type_info=VALUE).key_by(same_object_twice_or_not)
+        out = pyflink_ndb.process(keyed, CountPickled(), output_type=Types.STRING(),
+                                  uid="count", options=options)
+        with pytest.raises(Py4JJavaError) as err:
+            with out.execute_and_collect() as results:
+                list(results)
+        assert "Give key_by a key_type" in str(err.value)
+        env = thread_mode_env(1)
+        keyed = env.from_collection(records, type_info=VALUE).key_by(
+            same_object_twice_or_not, key_type=Types.TUPLE([Types.STRING(), Types.STRING()]))
+        options["state.backend.ndb.on-fresh-start"] = "truncate"
+        out = pyflink_ndb.process(keyed, CountPickled(), output_type=Types.STRING(),
+                                  uid="count", options=options)
+        with out.execute_and_collect() as results:
+            got = [ast.literal_eval(line) for line in results]
+    finally:
+        drop_namespace(mysql_url, namespace)
+    assert got == [(i, i // 5 + 1) for i in range(200)]

@@ -35,7 +35,7 @@ from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.cpu_pin import release_inherited
-from pyflink_ndb.errors import ConfigurationError
+from pyflink_ndb.errors import ConfigurationError, SerializationError
 from pyflink_ndb.runtime.interpreter import freeze_start_up_heap
 from pyflink_ndb.runtime.key_groups import KeyGroupCalculator
 from pyflink_ndb.serialization.keys import encode_key
@@ -116,6 +116,33 @@ def drain_outputs(results: Iterator[Any] | None) -> Any:
     if len(out) < OUTPUTS_PER_CALL:
         return out or None
     return (out, results)
+
+
+def key_group_conflict(key: Any, known: int, flink: int) -> SerializationError:
+    """The error for a key equal to one met before on this subtask (the same encoded
+    bytes: pyflink-ndb's key, README "State semantics") whose record Flink put in key
+    group `flink`, not `known`: two keys to Flink, one to the tiers, whose state would be
+    kept under one key group while Flink routes the other record elsewhere after a rescale.
+
+    It happens with keys that PyFlink pickles (a `key_by` without `key_type`): Flink
+    compares and routes them by their pickled bytes (`PickledBytesTypeInfo`), and `pickle`
+    writes an object that a key holds twice as a reference to its first occurrence, so
+    `(s, s)` and `(s, t)` with `t == s` a distinct object pickle differently (found by a
+    breaker). Checked where the bridge hands over each record's key group: records in
+    bundles (`bundle.records`) and read-ahead bundles; elsewhere the first record of a
+    key decides its key group (README "Limits")."""
+    shown = repr(key)
+    if len(shown) > 200:
+        shown = shown[:200] + "…"
+    return SerializationError(
+        f"The key {shown} equals a key met before in key group {known}, but Flink put this "
+        f"record in key group {flink}: to Flink they are two keys (a key_by without "
+        "key_type compares keys by their pickled bytes, and pickle writes an object the key "
+        "holds twice as a reference, so (s, s) and (s, copy of s) differ), to pyflink-ndb "
+        "one (keys are equal by type and value). Give key_by a key_type (e.g. key_type="
+        "Types.TUPLE([Types.STRING(), Types.STRING()])), which makes Flink compare keys by "
+        "value, or build every key the same way (no object twice in it). Nothing was "
+        "written for this record.")
 
 
 class RecordInBundle:
@@ -295,19 +322,29 @@ class SubtaskStateBackend:
     # -- current key ----------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:
         """Make `key` the current Flink key; its key group is computed (or asked of Java)
-        once per key and remembered (:data:`KEY_GROUP_MEMO_ENTRIES` keys at least)."""
+        once per key and remembered (:data:`KEY_GROUP_MEMO_ENTRIES` keys at least).
+
+        :raises SerializationError: in a bundle, a key equal to one met before (the same
+            encoded bytes) whose record Flink put in another key group (see
+            :func:`key_group_conflict`)."""
         if key is self.current_key and self.current_key_bytes is not None:
             return
         key_bytes = encode_key(key)
         self.current_key = key
         if key_bytes == self.current_key_bytes:
-            return
-        self.current_key_bytes = key_bytes
-        key_group = self._kg_memo.get(key_bytes)
-        if key_group is None:
-            key_group = self._key_group_of_new_key(key)
-            self._remember_key_group(key_bytes, key_group)
-        self.current_key_group = key_group
+            key_group = self.current_key_group
+        else:
+            self.current_key_bytes = key_bytes
+            known = self._kg_memo.get(key_bytes)
+            if known is None:
+                key_group = self._key_group_of_new_key(key)
+                self._remember_key_group(key_bytes, key_group)
+            else:
+                key_group = known
+            self.current_key_group = key_group
+        bundle = self.bundle
+        if bundle is not None and bundle.key_group != key_group:
+            raise key_group_conflict(key, key_group, bundle.key_group)
 
     def _key_group_of_new_key(self, key: Any) -> int:
         """Computed in Python where the Java key class allows (:mod:`key_groups
@@ -484,9 +521,13 @@ class SubtaskStateBackend:
             self.read_ahead_bundle_sizes.append(len(key_groups))
         keys: list[tuple[bytes, int]] = []
         for record, key_group in zip(records, key_groups, strict=True):
-            key_bytes = encode_key(record_key(record))
-            if key_bytes not in self._kg_memo:
+            key = record_key(record)
+            key_bytes = encode_key(key)
+            known = self._kg_memo.get(key_bytes)
+            if known is None:
                 self._remember_key_group(key_bytes, int(key_group))
+            elif known != key_group:
+                raise key_group_conflict(key, known, int(key_group))
             keys.append((key_bytes, int(key_group)))
         table = self.table
         before = self._store_reads_at_read_ahead
