@@ -344,6 +344,47 @@ def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
     assert b.get(300) is None and b.get(100) == 1
 
 
+
+def test_a_retained_checkpoint_another_job_started_from_stays_restorable(store, local_dir):
+    """Flink 1.20 restores a savepoint or retained checkpoint at job submission in NO_CLAIM
+    mode by default (`execution.state-recovery.claim-mode`): the snapshot stays the
+    user's and several jobs may start from it. Job b starts from job a's checkpoint 2 and
+    completes more checkpoints than are retained; job c then starts from the same
+    checkpoint 2 and sees its values (it failed with CheckpointError before: found by a new
+    user). Released (`pyflink-ndb release`), it is gone. A failover, which restores the
+    job's own checkpoint, claims it: it is subsumed as any checkpoint of the job."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options, job_id="a" * 32)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    a.put("k", 2)
+    a.t.checkpoint(2)
+    a.t.crash()
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=2)
+    for cp in range(3, 8):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    b_branch = b.t.backend.protocol.branch
+    b.t.crash()
+    c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=2)
+    assert c.get("k") == 2
+    c.t.crash()
+    # A failover of job b (attempt 1, the same job) restores b's own checkpoint 7 and
+    # runs on: 7 is subsumed like any checkpoint of b, a's checkpoint 2 is not.
+    b2 = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=7,
+                 attempt=1)
+    for cp in range(8, 12):
+        b2.put("k", cp * 10)
+        b2.t.checkpoint(cp)
+    listed = {(r.branch, r.epoch) for r in store.list_snapshots("op")}
+    assert (b_branch, 7) not in listed
+    assert (a.t.backend.protocol.branch, 2) in listed
+    with pytest.raises(CheckpointError, match="savepoints --all"):
+        Attempt(store, local_dir, options, job_id="d" * 32, restored_checkpoint_id=7)
+    store.delete_snapshots("op", [(a.t.backend.protocol.branch, 2)])  # pyflink-ndb release
+    with pytest.raises(CheckpointError, match="no longer be restored"):
+        Attempt(store, local_dir, options, job_id="e" * 32, restored_checkpoint_id=2)
+
 def test_garbage_collection_of_many_entries_at_once(store, local_dir):
     """Statements naming entries one by one stay within the store's limits (SQLite allows
     an expression depth of 1000)."""
@@ -360,7 +401,12 @@ def test_garbage_collection_of_many_entries_at_once(store, local_dir):
     b.t.checkpoint(5)
     assert store.count_rows() == 1_200 * 2  # versions 4 and 5 (checkpoints 4, 5, the head)
     b.t.checkpoint(6)
-    assert store.count_rows() == 1_200  # 5, 6 and the head all see version 5
+    # Checkpoint 4 of job a, which job b was started from, stays restorable (Flink's
+    # NO_CLAIM restore: the snapshot stays the user's) until it is released.
+    assert store.count_rows() == 1_200 * 2
+    store.delete_snapshots("op", [(a.t.backend.protocol.branch, 4)])  # pyflink-ndb release
+    b.t.checkpoint(7)
+    assert store.count_rows() == 1_200  # 6, 7 and the head all see version 5
     assert b.get(7) == 5
 
 

@@ -20,6 +20,7 @@ the task thread before the writer has any job.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import time
@@ -259,6 +260,10 @@ class CheckpointProtocol:
         self._adopt: dict[tuple[int, int, int, int], dict[int, tuple[int, int, bytes] | None]] = {}
         self._adopted_done: set[tuple[int, int, int, int, int]] = set()
         self._lineages: dict[int, Lineage] = {}
+        #: Per branch of the operator: the job that made it and the snapshots (branch,
+        #: epoch) it restored (none for a fresh start or `resume`). Branch rows never
+        #: change: loaded once each (:meth:`_restored_by_other_jobs`).
+        self._restores: dict[int, tuple[str, tuple[tuple[int, int], ...]]] = {}
 
     def set_json_renderers(self, renderers: Mapping[int, JsonRenderer]) -> None:
         """How each state's values are rendered for the JSON column (by state id; read
@@ -367,8 +372,8 @@ class CheckpointProtocol:
                     f"{self.scope.operator!r} can no longer be restored from "
                     f"{self.store.describe()}: it was subsumed by later checkpoints, "
                     "released, aborted, or the namespace was truncated, and its versions may "
-                    "be gone. Restore a later checkpoint or a savepoint that is still listed "
-                    "(pyflink-ndb query shows the committed one).")
+                    "be gone. Restore a snapshot that is still restorable: `pyflink-ndb "
+                    "savepoints --all` lists them, with the checkpoint id and job of each.")
 
     def _abandoned(self, snapshots: Sequence[SnapshotRow], before: OwnerMap, reset: bool,
                    lineage: Lineage) -> list[tuple[int, int]]:
@@ -801,8 +806,12 @@ class CheckpointProtocol:
         s = self.scope
         assert self.lineage is not None
         retained = (self.options.checkpoints_retained or 1) + 1  # +1 for readers (P4)
-        rows = [r for r in self.wstore.list_snapshots(s.operator)
+        every = self.wstore.list_snapshots(s.operator)
+        rows = [r for r in every
                 if r.kg_end >= s.key_group_start and r.kg_start <= s.key_group_end]
+        # A snapshot another job restored counts in its chain (it bounds what stays) but is
+        # never dropped by retention, as a savepoint (_restored_by_other_jobs).
+        unclaimed = self._restored_by_other_jobs(every)
         candidates = [r for r in rows if r.kind != KIND_SAVEPOINT]
         edges = self._edges([self.lineage], candidates)
         dropped: dict[tuple[int, int], bool] = {}
@@ -815,14 +824,43 @@ class CheckpointProtocol:
             bound = (version_of(completed[-retained].branch, completed[-retained].epoch)
                      if len(completed) > retained else None)
             for r in chain:
-                here = bound is not None and version_of(r.branch, r.epoch) < bound
                 key = (r.branch, r.epoch)
+                here = (bound is not None and version_of(r.branch, r.epoch) < bound
+                        and key not in unclaimed)
                 dropped[key] = dropped.get(key, True) and here
         gone = {key for key, drop in dropped.items() if drop}
         if gone:
             self.wstore.delete_snapshots(s.operator, sorted(gone), self.fence)
             rows = [r for r in rows if (r.branch, r.epoch) not in gone]
         return rows
+
+    def _restored_by_other_jobs(self, snapshots: Sequence[SnapshotRow]) -> set[tuple[int, int]]:
+        """The snapshots (branch, epoch) that a job other than the one that took them
+        restored: a savepoint's or a retained checkpoint's restore at job submission
+        (`execution.savepoint.path`, `flink run -s`), as opposed to a failover, which
+        restores the job's own checkpoint.
+
+        Flink 1.20 restores such a snapshot in NO_CLAIM mode by default
+        (`execution.state-recovery.claim-mode`; `RecoveryClaimMode.NO_CLAIM`, FLIP-193):
+        the snapshot stays the user's, Flink never deletes it, and several jobs may start
+        from it. So it leaves retention: like a savepoint it stays restorable until
+        `pyflink-ndb release` (before 2026-12-07 the restoring job's own checkpoints
+        subsumed it, and a second restore of the same retained checkpoint failed: found by
+        a new user). CLAIM mode would let Flink delete it; it is kept here too (what is
+        kept is never wrong, only stored). Not recognised when both jobs have the same job
+        id (a fixed job id): take a savepoint to restore twice there."""
+        s = self.scope
+        missing = set(self.wstore.branches_of(s.operator)) - self._restores.keys()
+        if missing:
+            for bid, row in self.wstore.load_branches(missing).items():
+                origin = json.loads(row.origin or "{}")
+                restored = Descriptor.from_json(origin.get("tokens")) \
+                    if origin.get("kind") == "restore" else None
+                self._restores[bid] = (row.job_id, tuple(
+                    (t.branch, t.epoch) for t in (restored.parts if restored else ())))
+        job_of = {(r.branch, r.epoch): r.job_id for r in snapshots}
+        return {key for job, restored in self._restores.values() for key in restored
+                if key in job_of and job_of[key] != job}
 
     def _views(self, key_group: int, protected: Sequence[SnapshotRow]) -> list[Ranges]:
         assert self.lineage is not None
