@@ -398,6 +398,20 @@ def option_value(key: str, raw: Any) -> Any:
     return _convert(spec, raw)
 
 
+def misspelled_switch(keys: Any) -> str | None:
+    """The first of `keys` (full Flink keys) that is an unknown `state.backend.ndb.*` key
+    whose nearest known key is `enabled` (`state.backend.ndb.enable`), or None. Where the
+    switch is not set, such a key would leave the job on Flink's own state without a word
+    (found by a new user); the switch refuses it (:func:`pyflink_ndb.api.switch.enabled`)."""
+    for key in keys:
+        key = str(key)
+        if key.startswith(PREFIX) and key[len(PREFIX):] not in _BY_KEY and \
+                difflib.get_close_matches(key[len(PREFIX):], list(_BY_KEY), n=1,
+                                          cutoff=0.6) == ["enabled"]:
+            return key
+    return None
+
+
 def _did_you_mean(key: str) -> str:
     """" Did you mean …?" with the nearest known key (without the prefix), or ""."""
     near = difflib.get_close_matches(key, list(_BY_KEY), n=1, cutoff=0.6)

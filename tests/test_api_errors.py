@@ -126,3 +126,29 @@ def test_importing_pyflink_ndb_puts_the_interpreter_first_on_path():
     import os
 
     assert os.environ["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+
+
+def test_a_function_that_is_not_a_keyed_process_function_names_the_two_ways():
+    from pyflink.datastream import MapFunction
+
+    class CountPerKey(MapFunction):
+        def map(self, value):
+            return value
+
+    with pytest.raises(TypeError, match="not a CountPerKey") as err:
+        pyflink_ndb.process(keyed(), CountPerKey())
+    assert "KeyedProcessFunction" in str(err.value)
+    assert "state.backend.ndb.enabled" in str(err.value)
+
+
+def test_a_misspelled_switch_is_refused_instead_of_running_on_flinks_state():
+    """`state.backend.ndb.enable` (no d) with the switch unset left the job on Flink's own
+    state without a word (found by a new user); a typo of another key is refused by the
+    switch's option check once it is on."""
+    config = Configuration()
+    config.set_string("python.execution-mode", "thread")
+    config.set_string("state.backend.ndb.enable", "true")
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    stream = env.from_collection([1, 2, 3], Types.INT()).key_by(lambda x: x, Types.INT())
+    with pytest.raises(ConfigurationError, match="Did you mean state.backend.ndb.enabled"):
+        stream.map(lambda x: x, Types.INT())

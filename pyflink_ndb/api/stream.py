@@ -181,7 +181,11 @@ def process(keyed_stream: KeyedStream, function: KeyedProcessFunction,
     if not isinstance(keyed_stream, KeyedStream):
         raise TypeError("pyflink_ndb.process needs a KeyedStream: call key_by(...) first.")
     if not isinstance(function, KeyedProcessFunction):
-        raise TypeError("pyflink_ndb.process needs a KeyedProcessFunction.")
+        raise TypeError(
+            f"pyflink_ndb.process needs a KeyedProcessFunction, not a "
+            f"{type(function).__name__}: write the function as one (its process_element "
+            "yields the outputs), or keep keyed_stream.map/flat_map/reduce and turn on the "
+            "job-wide switch (state.backend.ndb.enabled: true), which covers them.")
 
     j_conf, options_json = prepare_bridge(keyed_stream, operator_name(function, uid), options,
                                           check_store)

@@ -45,7 +45,8 @@ from pyflink_ndb.api.functions import (
     TieredWindowFunction,
 )
 from pyflink_ndb.api.stream import bridge_class, output_type_info, prepare_bridge
-from pyflink_ndb.config import PREFIX, option_value
+from pyflink_ndb.config import PREFIX, misspelled_switch, option_value
+from pyflink_ndb.errors import ConfigurationError
 
 #: The key of the switch.
 ENABLED_KEY = PREFIX + "enabled"
@@ -55,12 +56,20 @@ def enabled(stream: Any) -> bool:
     """Whether the switch is on in the configuration of `stream`'s environment (unset:
     off; values as every boolean option: true/false, 1/0, yes/no).
 
-    :raises ConfigurationError: a value that is not a boolean (the job would otherwise run
-        on Flink's own state without a word).
+    :raises ConfigurationError: a value that is not a boolean, or the switch unset and a
+        misspelling of it set (`state.backend.ndb.enable`): the job would otherwise run on
+        Flink's own state without a word.
     """
     j_conf = _pyflink.j_env_configuration(stream)
     raw = j_conf.getString(ENABLED_KEY, None)
-    return raw is not None and bool(option_value("enabled", raw))
+    if raw is None:
+        typo = misspelled_switch(j_conf.keySet())
+        if typo is not None:
+            raise ConfigurationError(
+                f"Unknown option {typo}. Did you mean {ENABLED_KEY}? (Without it the job "
+                "runs on Flink's own state.)")
+        return False
+    return bool(option_value("enabled", raw))
 
 
 def _one_input(original: Any, data_stream: Any, func: Any, func_type: int,
