@@ -379,7 +379,8 @@ def _key_hint(key_type: str, sample: Sequence[str]) -> str:
     names a ROW key's fields f0, f1, ...)."""
     parts = []
     if key_type == "str":
-        parts.append("a key that is not a string needs --key-type")
+        parts.append("a key that is not a string needs --key-type: --key-type int 42, "
+                     "--key-type python \"('a', 1)\" for a tuple printed as [\"a\",1]")
     if any(text.startswith("{") for text in sample):
         parts.append("a ROW key printed as {\"f0\":\"a\",\"f1\":1} is given as "
                      "--key-type python \"Row(f0='a', f1=1)\"")

@@ -800,7 +800,8 @@ class MysqlStateStore(StateStore):
             if code in _ACCESS_DENIED:
                 raise StoreUnavailableError(
                     f"The database at {where} refused user {a['user']!r} (error {code}). Fix "
-                    "state.backend.ndb.user and the password (state.backend.ndb.password, "
+                    "the user (in state.backend.ndb.url, `mysql://USER@host:port/db`, or "
+                    "state.backend.ndb.user) and the password (state.backend.ndb.password, "
                     "password-file or password-env).") from err
             if code in TOO_MANY_CONNECTIONS:
                 raise StoreUnavailableError(
