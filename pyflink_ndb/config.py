@@ -398,16 +398,23 @@ def option_value(key: str, raw: Any) -> Any:
     return _convert(spec, raw)
 
 
+#: How close (difflib's ratio) an unknown key must be to `enabled` to be taken for a typo
+#: of the switch: `enable` 0.92, `Enabled` 0.86, `enabaled` 0.93; not `disabled`,
+#: `ssl.enabled`, `table` or `named` (0.67-0.78: those are refused once the switch is on).
+SWITCH_TYPO_CUTOFF = 0.85
+
+
 def misspelled_switch(keys: Any) -> str | None:
     """The first of `keys` (full Flink keys) that is an unknown `state.backend.ndb.*` key
-    whose nearest known key is `enabled` (`state.backend.ndb.enable`), or None. Where the
+    that reads as a typo of `enabled` (`state.backend.ndb.enable`; at least
+    :data:`SWITCH_TYPO_CUTOFF` alike), or None. Where the
     switch is not set, such a key would leave the job on Flink's own state without a word
     (found by a new user); the switch refuses it (:func:`pyflink_ndb.api.switch.enabled`)."""
     for key in keys:
         key = str(key)
         if key.startswith(PREFIX) and key[len(PREFIX):] not in _BY_KEY and \
-                difflib.get_close_matches(key[len(PREFIX):], list(_BY_KEY), n=1,
-                                          cutoff=0.6) == ["enabled"]:
+                difflib.get_close_matches(key[len(PREFIX):], ["enabled"], n=1,
+                                          cutoff=SWITCH_TYPO_CUTOFF):
             return key
     return None
 

@@ -102,6 +102,25 @@ def test_the_rest_of_a_records_outputs_runs_with_the_bundle_current(subtask):
     assert backend.bundle is None, "current only inside each step of the rest"
 
 
+
+def test_a_rest_abandoned_by_the_bridge_closes_in_the_bundle(subtask):
+    """The bridge closes the rest's iterator when it stops early: the function's own
+    `finally` (a timer deleted there) runs with its record's bundle current too."""
+    backend = subtask.backend
+    at_close: list[Any] = []
+
+    def outputs(key: str, total: int) -> Any:
+        try:
+            yield from range(OUTPUTS_PER_CALL + 5)
+        finally:
+            at_close.append(backend.bundle)
+    backend._operation = _Operation(subtask, outputs)
+    _, _, rest = backend.process_bundle([("a", 1)], [local_key_group("a")], [5], 0, False)
+    assert next(rest) == OUTPUTS_PER_CALL
+    rest.close()
+    assert len(at_close) == 1 and at_close[0] is not None and at_close[0].index == 0
+    assert backend.bundle is None
+
 def test_equal_keys_that_flink_puts_in_two_key_groups_fail_clearly(subtask):
     """Two records whose keys are equal by value (one key to the tiers) but that Flink put
     in two key groups (two keys to Flink: a pickled `(s, s)` and `(s, copy of s)`, a

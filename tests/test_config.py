@@ -299,3 +299,13 @@ def test_resolved_sqlite_url_opens_where_resolved(tmp_path: Path,
     finally:
         store.close()
     assert (tmp_path / "sub" / "state.sqlite").exists()
+
+
+def test_only_a_typo_of_the_switch_reads_as_the_switch():
+    from pyflink_ndb.config import misspelled_switch
+
+    for typo in ("enable", "Enabled", "enabaled", "enabeld"):
+        assert misspelled_switch([f"state.backend.ndb.{typo}"]) == f"state.backend.ndb.{typo}"
+    others = ["state.backend.ndb." + k for k in ("disabled", "ssl.enabled", "table", "named",
+                                                 "enabled", "url", "namspace")]
+    assert misspelled_switch(others + ["execution.enable"]) is None

@@ -262,7 +262,8 @@ class CheckpointProtocol:
         self._lineages: dict[int, Lineage] = {}
         #: Per branch of the operator: the job that made it and the snapshots (branch,
         #: epoch) it restored (none for a fresh start or `resume`). Branch rows never
-        #: change: loaded once each (:meth:`_restored_by_other_jobs`).
+        #: change: loaded once per attempt, at its first garbage collection
+        #: (:meth:`_restored_by_other_jobs`).
         self._restores: dict[int, tuple[str, tuple[tuple[int, int], ...]]] = {}
 
     def set_json_renderers(self, renderers: Mapping[int, JsonRenderer]) -> None:
@@ -850,8 +851,11 @@ class CheckpointProtocol:
         kept is never wrong, only stored). Not recognised when both jobs have the same job
         id (a fixed job id): take a savepoint to restore twice there."""
         s = self.scope
-        missing = set(self.wstore.branches_of(s.operator)) - self._restores.keys()
-        if missing:
+        if not self._restores:
+            # Once per attempt: a branch made later by another job claims these key groups
+            # and fences this attempt, and sibling subtasks' branches restore the same
+            # descriptor as this one's (its origin holds every subtask's tokens).
+            missing = set(self.wstore.branches_of(s.operator))
             for bid, row in self.wstore.load_branches(missing).items():
                 origin = json.loads(row.origin or "{}")
                 restored = Descriptor.from_json(origin.get("tokens")) \

@@ -471,8 +471,12 @@ class SubtaskStateBackend:
                 yield item
         finally:
             close = getattr(rest, "close", None)
-            if close is not None:
-                close()
+            if close is not None:  # the function's own `finally` runs in the bundle too
+                self.bundle = record
+                try:
+                    close()
+                finally:
+                    self.bundle = None
 
     def bundle_processing_timer(self, timestamp: int, delete: bool) -> bool:
         """Before the record of the bundle being processed deletes (`delete`) or registers
@@ -523,12 +527,13 @@ class SubtaskStateBackend:
         for record, key_group in zip(records, key_groups, strict=True):
             key = record_key(record)
             key_bytes = encode_key(key)
+            key_group = int(key_group)
             known = self._kg_memo.get(key_bytes)
             if known is None:
-                self._remember_key_group(key_bytes, int(key_group))
+                self._remember_key_group(key_bytes, key_group)
             elif known != key_group:
-                raise key_group_conflict(key, known, int(key_group))
-            keys.append((key_bytes, int(key_group)))
+                raise key_group_conflict(key, known, key_group)
+            keys.append((key_bytes, key_group))
         table = self.table
         before = self._store_reads_at_read_ahead
         # The first bundle cannot know yet whether its records miss: it reports at least
