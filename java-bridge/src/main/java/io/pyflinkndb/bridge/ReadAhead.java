@@ -147,7 +147,7 @@ final class ReadAhead<T> {
      * copied too (a {@code LinkedList}, a {@code LinkedHashMap} in the same order), else every
      * record of the bundle saw the last record's rows (found by a breaker: a key of type {@code
      * ROW(STRING, LIST(TUPLE(INT, INT)))} counted under another key). A list or map without
-     * arrays in it is returned as it is.
+     * arrays in it is returned as it is, not copied.
      */
     static Object copyArrays(Object external) {
         if (external instanceof Object[]) {
@@ -175,15 +175,28 @@ final class ReadAhead<T> {
         }
         if (external instanceof Map) {
             Map<?, ?> map = (Map<?, ?>) external;
-            Map<Object, Object> copy = new LinkedHashMap<>();
-            boolean changed = false;
+            Map<Object, Object> copy = null;
+            int i = 0;
             for (Map.Entry<?, ?> entry : map.entrySet()) {
                 Object key = copyArrays(entry.getKey());
                 Object value = copyArrays(entry.getValue());
-                changed |= key != entry.getKey() || value != entry.getValue();
-                copy.put(key, value);
+                if (copy == null && (key != entry.getKey() || value != entry.getValue())) {
+                    // The first entry that holds arrays: the entries before it as they are.
+                    copy = new LinkedHashMap<>();
+                    int j = 0;
+                    for (Map.Entry<?, ?> before : map.entrySet()) {
+                        if (j++ == i) {
+                            break;
+                        }
+                        copy.put(before.getKey(), before.getValue());
+                    }
+                }
+                if (copy != null) {
+                    copy.put(key, value);
+                }
+                i++;
             }
-            return changed ? copy : external;
+            return copy == null ? external : copy;
         }
         return external;
     }
