@@ -76,6 +76,14 @@ def thread_mode_env(parallelism: int, settings: dict[str, str] | None = None) ->
     return env
 
 
+
+def fixed_delay_restarts(attempts: int, delay: str) -> dict[str, str]:
+    """Settings for :func:`thread_mode_env`: Flink restarts a failed job `attempts` times,
+    `delay` (e.g. "500 ms") after each failure."""
+    return {"restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": str(attempts),
+            "restart-strategy.fixed-delay.delay": delay}
+
 def count_store_reads(monkeypatch: pytest.MonkeyPatch, store: StateStore) -> Counter[str]:
     """Calls of the store's own read methods (:data:`STORE_READ_METHODS`, wrapped on the
     store object, not the tiered table's counters), by method name, from now on."""

@@ -15,13 +15,12 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration, Types, WatermarkStrategy
+from conftest import drop_namespace, fixed_delay_restarts, thread_mode_env, unique_namespace
+from pyflink.common import Types, WatermarkStrategy
 from pyflink.datastream import (
     CheckpointingMode,
     KeyedProcessFunction,
     ReduceFunction,
-    StreamExecutionEnvironment,
 )
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.state import (
@@ -91,14 +90,7 @@ class FourStates(KeyedProcessFunction):
 
 
 def run(options: dict[str, str], marker: str, fail_at_index: int) -> list[Any]:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "fixed-delay")
-    config.set_string("restart-strategy.fixed-delay.attempts", "1")
-    config.set_string("restart-strategy.fixed-delay.delay", "200 ms")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(2)
+    env = thread_mode_env(2, fixed_delay_restarts(1, "200 ms"))
     env.enable_checkpointing(150, CheckpointingMode.EXACTLY_ONCE)
     stream = env.from_source(NumberSequenceSource(0, RECORDS - 1),
                              WatermarkStrategy.no_watermarks(), "seq").set_parallelism(1) \

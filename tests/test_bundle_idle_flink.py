@@ -12,9 +12,9 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration, Types, WatermarkStrategy
-from pyflink.datastream import KeyedProcessFunction, MapFunction, StreamExecutionEnvironment
+from conftest import drop_namespace, thread_mode_env, unique_namespace
+from pyflink.common import Types, WatermarkStrategy
+from pyflink.datastream import KeyedProcessFunction, MapFunction
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import SinkFunction
 from pyflink.datastream.state import ValueStateDescriptor
@@ -70,12 +70,7 @@ class Stamp(MapFunction):
 def test_held_back_records_leave_while_the_source_pauses(bundle, tmp_path: Path, mysql_url):
     namespace = unique_namespace("brki")
     paused, stamps = tmp_path / "paused.txt", tmp_path / "stamps.txt"
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(1)
+    env = thread_mode_env(1)
     env.enable_checkpointing(600_000)
     stream = env.from_source(NumberSequenceSource(0, 9), WatermarkStrategy.no_watermarks(),
                              "seq").map(PauseAt(5, str(paused)), output_type=ROW)

@@ -15,13 +15,12 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration, Types, WatermarkStrategy
+from conftest import drop_namespace, thread_mode_env, unique_namespace
+from pyflink.common import Types, WatermarkStrategy
 from pyflink.datastream import (
     CheckpointingMode,
     KeyedProcessFunction,
     MapFunction,
-    StreamExecutionEnvironment,
 )
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import SinkFunction
@@ -75,14 +74,7 @@ class AppendTo(MapFunction):
 
 def start(options: dict[str, str], path: Path, throttle_ms: float,
           extra: dict[str, str]) -> Any:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    for k, v in extra.items():
-        config.set_string(k, v)
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(1)
+    env = thread_mode_env(1, extra)
     env.enable_checkpointing(600_000, CheckpointingMode.EXACTLY_ONCE)
     stream = env.from_source(NumberSequenceSource(0, RECORDS - 1),
                              WatermarkStrategy.no_watermarks(), "seq").uid("seq") \

@@ -17,8 +17,8 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration, Time, Types, WatermarkStrategy
+from conftest import drop_namespace, thread_mode_env, unique_namespace
+from pyflink.common import Time, Types, WatermarkStrategy
 from pyflink.datastream import (
     KeyedBroadcastProcessFunction,
     RuntimeContext,
@@ -94,15 +94,8 @@ def build(env: StreamExecutionEnvironment, records: list[Any]) -> Any:
 
 
 def run(records: list[Any], extra: dict[str, str]) -> Counter:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("restart-strategy.type", "none")
-    for k, v in extra.items():
-        config.set_string(k, v)
-    env = StreamExecutionEnvironment.get_execution_environment(config)
+    env = thread_mode_env(1, extra)
     env.set_runtime_mode(RuntimeExecutionMode.BATCH)
-    env.set_parallelism(1)
     with build(env, records).execute_and_collect() as results:
         return Counter(ast.literal_eval(line) for line in results)
 

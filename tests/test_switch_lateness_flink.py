@@ -30,8 +30,8 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration, Time, Types, WatermarkStrategy
+from conftest import drop_namespace, thread_mode_env, unique_namespace
+from pyflink.common import Time, Types, WatermarkStrategy
 from pyflink.common.watermark_strategy import TimestampAssigner
 from pyflink.datastream import (
     AggregateFunction,
@@ -174,15 +174,7 @@ def build(env: StreamExecutionEnvironment, records: list[Any]) -> Any:
 
 
 def run(records: list[Any], extra: dict[str, str], checkpoint_ms: int) -> Counter:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("pipeline.auto-watermark-interval", "20")
-    config.set_string("restart-strategy.type", "none")
-    for k, v in extra.items():
-        config.set_string(k, v)
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(1)
+    env = thread_mode_env(1, {"pipeline.auto-watermark-interval": "20", **extra})
     if checkpoint_ms:
         env.enable_checkpointing(checkpoint_ms, CheckpointingMode.EXACTLY_ONCE)
     with build(env, records).execute_and_collect() as results:

@@ -18,9 +18,8 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration
-from pyflink.datastream import CheckpointingMode, MapFunction, StreamExecutionEnvironment
+from conftest import drop_namespace, thread_mode_env, unique_namespace
+from pyflink.datastream import CheckpointingMode, MapFunction
 from pyflink.datastream.functions import SinkFunction
 from test_switch_odd_keys_flink import build, diff, expected, make_records
 
@@ -61,15 +60,7 @@ class AppendTo(MapFunction):
 
 def start(records: list[Any], p: int, extra: dict[str, str], path: Path,
           throttle_ms: float) -> Any:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("pipeline.auto-watermark-interval", "0")
-    config.set_string("restart-strategy.type", "none")
-    for k, v in extra.items():
-        config.set_string(k, v)
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(1)
+    env = thread_mode_env(1, {"pipeline.auto-watermark-interval": "0", **extra})
     env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
     build(env, records, None, p=p, throttle=Throttle(throttle_ms) if throttle_ms else None) \
         .map(AppendTo(str(path))) \

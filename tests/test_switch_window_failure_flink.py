@@ -17,8 +17,8 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, unique_namespace
-from pyflink.common import Configuration, Time, Types, WatermarkStrategy
+from conftest import drop_namespace, fixed_delay_restarts, thread_mode_env, unique_namespace
+from pyflink.common import Time, Types, WatermarkStrategy
 from pyflink.datastream import (
     CheckpointingMode,
     ProcessWindowFunction,
@@ -114,17 +114,8 @@ def expected(records: list[Any]) -> Counter:
 
 
 def run(records: list[Any], extra: dict[str, str], marker: str | None) -> Counter:
-    config = Configuration()
-    config.set_string("python.execution-mode", "thread")
-    config.set_string("python.executable", sys.executable)
-    config.set_string("pipeline.auto-watermark-interval", "0")
-    config.set_string("restart-strategy.type", "fixed-delay")
-    config.set_string("restart-strategy.fixed-delay.attempts", "2")
-    config.set_string("restart-strategy.fixed-delay.delay", "500 ms")
-    for k, v in extra.items():
-        config.set_string(k, v)
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    env.set_parallelism(1)
+    env = thread_mode_env(1, {"pipeline.auto-watermark-interval": "0",
+                              **fixed_delay_restarts(2, "500 ms"), **extra})
     env.enable_checkpointing(200, CheckpointingMode.EXACTLY_ONCE)
     with build(env, records, marker).execute_and_collect() as results:
         return Counter(ast.literal_eval(line) for line in results)
