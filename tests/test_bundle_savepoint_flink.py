@@ -25,6 +25,7 @@ from pyflink.datastream import (
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import SinkFunction
 from pyflink.datastream.state import ValueStateDescriptor
+from test_switch_rescale_windows_flink import AppendTo
 
 import pyflink_ndb
 
@@ -54,22 +55,6 @@ class Count(KeyedProcessFunction):
         n = (self.count.value() or 0) + 1
         self.count.update(n)
         yield repr((value[0], value[1], n))
-
-
-class AppendTo(MapFunction):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def open(self, runtime_context: Any) -> None:
-        self.handle = open(self.path, "a")
-
-    def map(self, value: Any) -> Any:
-        self.handle.write(value + "\n")
-        self.handle.flush()
-        return value
-
-    def close(self) -> None:
-        self.handle.close()
 
 
 def start(options: dict[str, str], path: Path, throttle_ms: float,
