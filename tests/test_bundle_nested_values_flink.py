@@ -60,10 +60,19 @@ CASES = {
         Types.ROW([Types.STRING(), Types.OBJECT_ARRAY(Types.ROW([Types.INT()]))]),
         lambda i: Row(f"k{i % 3}", [Row(i)])),
 }
+#: Two elements per field: PyFlink's own converters collapse these (README, Limits).
+TWO_ELEMENTS = {
+    "list-of-two-tuples": (
+        Types.ROW([Types.STRING(), Types.LIST(Types.TUPLE([Types.INT(), Types.LONG()]))]),
+        lambda i: Row(f"k{i % 3}", [(i, 10 * i), (i + 1, 10 * i + 1)])),
+    "pickled-two-tuples": (
+        Types.ROW([Types.STRING(), Types.PICKLED_BYTE_ARRAY()]),
+        lambda i: Row(f"k{i % 3}", [(i, 10 * i), (i + 1, 10 * i + 1)])),
+}
 
 
 def run(case: str, options: dict[str, str] | None, reuse: bool = False) -> list[Any]:
-    type_info, make = CASES[case]
+    type_info, make = {**CASES, **TWO_ELEMENTS}[case]
     env = thread_mode_env(1, {"pipeline.object-reuse": "true"} if reuse else None)
     stream = env.from_collection(list(range(RECORDS)), type_info=Types.INT()).map(
         make, output_type=type_info)
@@ -107,3 +116,25 @@ def test_bundled_records_with_object_reuse(case, mysql_url):
     assert len(got) == RECORDS
     bad = [(g, e) for g, e in zip(got, expected, strict=False) if g != e]
     assert not bad, f"{len(bad)} of {RECORDS} differ; e.g. {bad[:3]}"
+
+
+def test_pyflinks_own_converters_keep_one_element_of_a_list_of_rows(mysql_url):
+    """README, Limits: PyFlink 1.20's thread-mode converters reuse one tuple per element
+    type, so a field of two tuples arrives as two copies of the last, on PyFlink's own state
+    and on pyflink-ndb's alike (bundled); a PICKLED_BYTE_ARRAY field arrives intact. If
+    PyFlink fixes its converters, the first assertion fails: update the README's row."""
+    own = run("list-of-two-tuples", None)
+    assert [value[2][2] for value in own[:2]] == [((1, 1), (1, 1)), ((2, 11), (2, 11))]
+    outcomes = {}
+    for case in TWO_ELEMENTS:
+        namespace = unique_namespace("brk2")
+        options = {"state.backend.ndb.url": mysql_url, "state.backend.ndb.namespace": namespace,
+                   "state.backend.ndb.bundle.max-wait-ms": "200"}
+        try:
+            outcomes[case] = run(case, options)
+        finally:
+            drop_namespace(mysql_url, namespace)
+    assert outcomes["list-of-two-tuples"] == own
+    pickled = outcomes["pickled-two-tuples"]
+    make = TWO_ELEMENTS["pickled-two-tuples"][1]
+    assert [value[2] for value in pickled] == [_plain(make(i)) for i in range(RECORDS)]
