@@ -17,7 +17,7 @@ from pyflink_ndb.errors import NdbStateError, StaleReadError
 from pyflink_ndb.operator_ids import operator_id_of_uid
 from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.serialization.values import JsonRenderer, decode_value, json_renderer
-from pyflink_ndb.stores.base import SnapshotRow, StateStore
+from pyflink_ndb.stores.base import SnapshotRow, StateStore, restored_by_other_jobs
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.inspect import (
     KEY_TYPES,
@@ -427,8 +427,10 @@ def _segments_text(parts: Sequence[Sequence[Any]]) -> str:
 
 
 def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int, int]],
-                     owners: set[int]) -> list[dict[str, Any]]:
-    """Restorable snapshots grouped per (kind, checkpoint, job): what `release` takes."""
+                     owners: set[int], pinned: set[tuple[int, int]]
+                     ) -> list[dict[str, Any]]:
+    """Restorable snapshots grouped per (kind, checkpoint, job): what `release` takes.
+    `pinned`: the snapshots another job restored (`restored_by_other_jobs`)."""
     groups: dict[tuple[str, int, str], list[SnapshotRow]] = {}
     for r in snapshots:
         groups.setdefault((r.kind, r.epoch, r.job_id), []).append(r)
@@ -441,6 +443,8 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
             note = "pending (not completed)"
         elif kind == "savepoint":
             note = "pinned until released"
+        elif keys & pinned:
+            note = "pinned until released (another job was started from it)"
         elif any(r.branch in owners for r in rows):
             # Owners are the latest attempt of each key group, which may have ended: the
             # store cannot tell a running job from one that stopped.
@@ -483,7 +487,8 @@ def _namespace_status(url: str, namespace: str) -> dict[str, Any]:
                 "states": states,
                 "snapshots": _snapshot_groups(
                     snapshots, {(c[2], c[3]) for c in committed},
-                    {br for _, _, br in row.owners})})
+                    {br for _, _, br in row.owners},
+                    restored_by_other_jobs(store.branch_restores(row.operator), snapshots))})
         return {"namespace": namespace, "store": store.describe(), "operators": operators}
 
 
@@ -728,7 +733,9 @@ def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
             committed = set() if row is None or row.committed is None else {
                 (t.branch, t.epoch) for t in row.committed.parts}
             owners = set() if row is None else {br for _, _, br in row.owners}
-            for group in _snapshot_groups(store.list_snapshots(op), committed, owners):
+            snapshots = store.list_snapshots(op)
+            pinned = restored_by_other_jobs(store.branch_restores(op), snapshots)
+            for group in _snapshot_groups(snapshots, committed, owners, pinned):
                 if show_all or group["kind"] == "savepoint":
                     rows.append({"operator": op, **group})
         if fmt == "json":

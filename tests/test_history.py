@@ -8,6 +8,7 @@ that the snapshot stored, as Flink hands back the union list state.
 
 from __future__ import annotations
 
+import json
 import pickle
 from typing import Any
 
@@ -345,7 +346,8 @@ def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
 
 
 
-def test_a_retained_checkpoint_another_job_started_from_stays_restorable(store, local_dir):
+def test_a_retained_checkpoint_another_job_started_from_stays_restorable(
+        store, local_dir, store_kind, tmp_path, request, caplog):
     """Flink 1.20 restores a savepoint or retained checkpoint at job submission in NO_CLAIM
     mode by default (`execution.state-recovery.claim-mode`): the snapshot stays the
     user's and several jobs may start from it. Job b starts from job a's checkpoint 2 and
@@ -366,19 +368,35 @@ def test_a_retained_checkpoint_another_job_started_from_stays_restorable(store, 
         b.t.checkpoint(cp)
     b_branch = b.t.backend.protocol.branch
     b.t.crash()
+    caplog.set_level("INFO", logger="pyflink_ndb")
+    caplog.clear()
     c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=2)
     assert c.get("k") == 2
+    assert f"restored checkpoint 2 of job {'a' * 32} (Flink's NO_CLAIM restore): it stays " \
+        "restorable until `pyflink-ndb release`" in caplog.text
     c.t.crash()
+    caplog.clear()
     # A failover of job b (attempt 1, the same job) restores b's own checkpoint 7 and
     # runs on: 7 is subsumed like any checkpoint of b, a's checkpoint 2 is not.
     b2 = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=7,
                  attempt=1)
+    assert "NO_CLAIM" not in caplog.text  # a failover restores the job's own checkpoint
     for cp in range(8, 12):
         b2.put("k", cp * 10)
         b2.t.checkpoint(cp)
     listed = {(r.branch, r.epoch) for r in store.list_snapshots("op")}
     assert (b_branch, 7) not in listed
     assert (a.t.backend.protocol.branch, 2) in listed
+    # `pyflink-ndb savepoints --all` says why it stays (read from the branches' origins).
+    url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite"
+           else request.getfixturevalue("mysql_url"))
+    out = CliRunner().invoke(cli, ["savepoints", "--url", url, "--namespace", store.namespace,
+                                   "--all", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    notes = {(r["job"][0], r["checkpoint"]): r["note"]
+             for r in map(json.loads, out.stdout.splitlines())}
+    assert notes[("a", 2)] == "pinned until released (another job was started from it)"
+    assert not any(note.startswith("pinned") for key, note in notes.items() if key != ("a", 2))
     with pytest.raises(CheckpointError, match="savepoints --all"):
         Attempt(store, local_dir, options, job_id="d" * 32, restored_checkpoint_id=7)
     store.delete_snapshots("op", [(a.t.backend.protocol.branch, 2)])  # pyflink-ndb release

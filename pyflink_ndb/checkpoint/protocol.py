@@ -20,7 +20,6 @@ the task thread before the writer has any job.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 import time
@@ -54,11 +53,13 @@ from pyflink_ndb.stores.base import (
     KIND_FINAL,
     KIND_SAVEPOINT,
     PENDING,
+    BranchRestores,
     Fence,
     SnapshotRow,
     StateStore,
     WriteRow,
     now_ms,
+    restored_by_other_jobs,
 )
 from pyflink_ndb.stores.lineage import (
     MAX_EPOCH,
@@ -264,7 +265,7 @@ class CheckpointProtocol:
         #: epoch) it restored (none for a fresh start or `resume`). Branch rows never
         #: change: loaded once per attempt, at its first garbage collection
         #: (:meth:`_restored_by_other_jobs`).
-        self._restores: dict[int, tuple[str, tuple[tuple[int, int], ...]]] = {}
+        self._restores: BranchRestores = {}
 
     def set_json_renderers(self, renderers: Mapping[int, JsonRenderer]) -> None:
         """How each state's values are rendered for the JSON column (by state id; read
@@ -361,6 +362,14 @@ class CheckpointProtocol:
         log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s) "
                  "in %.0f ms", s.operator, s.subtask_index, s.attempt, s.key_group_start,
                  s.key_group_end, self.branch, origin["kind"], self.restore_ms)
+        if restored is not None and origin["kind"] == "restore" and s.subtask_index == 0:
+            taken_by = {r.job_id for r in snapshots
+                        if (r.branch, r.epoch) in {(t.branch, t.epoch) for t in tokens or ()}}
+            if taken_by - {s.job_id}:
+                log.info("pyflink-ndb %s: restored checkpoint %d of job %s (Flink's NO_CLAIM "
+                         "restore): it stays restorable until `pyflink-ndb release` (listed "
+                         "by `pyflink-ndb savepoints --all`)", s.operator,
+                         restored.checkpoint_id, ", ".join(sorted(taken_by - {s.job_id})))
 
     def _check_restorable(self, tokens: Sequence[Token], snapshots: Sequence[SnapshotRow]
                           ) -> None:
@@ -837,34 +846,21 @@ class CheckpointProtocol:
 
     def _restored_by_other_jobs(self, snapshots: Sequence[SnapshotRow]) -> set[tuple[int, int]]:
         """The snapshots (branch, epoch) that a job other than the one that took them
-        restored: a savepoint's or a retained checkpoint's restore at job submission
-        (`execution.savepoint.path`, `flink run -s`), as opposed to a failover, which
-        restores the job's own checkpoint.
+        restored (:func:`~pyflink_ndb.stores.base.restored_by_other_jobs`): retention never
+        drops them, as a savepoint, until `pyflink-ndb release` (before 2026-12-07 the
+        restoring job's own checkpoints subsumed them, and a second restore of the same
+        retained checkpoint failed: found by a new user). CLAIM mode would let Flink delete
+        such a snapshot; it is kept here too (what is kept is never wrong, only stored). Not
+        recognised when both jobs have the same job id (a fixed job id): take a savepoint
+        to restore twice there.
 
-        Flink 1.20 restores such a snapshot in NO_CLAIM mode by default
-        (`execution.state-recovery.claim-mode`; `RecoveryClaimMode.NO_CLAIM`, FLIP-193):
-        the snapshot stays the user's, Flink never deletes it, and several jobs may start
-        from it. So it leaves retention: like a savepoint it stays restorable until
-        `pyflink-ndb release` (before 2026-12-07 the restoring job's own checkpoints
-        subsumed it, and a second restore of the same retained checkpoint failed: found by
-        a new user). CLAIM mode would let Flink delete it; it is kept here too (what is
-        kept is never wrong, only stored). Not recognised when both jobs have the same job
-        id (a fixed job id): take a savepoint to restore twice there."""
-        s = self.scope
+        The branches' restores are read once per attempt (job id and origin only): a
+        branch made later by another job claims these key groups and fences this attempt,
+        and sibling subtasks' branches restore the same descriptor as this one's (its
+        origin holds every subtask's tokens)."""
         if not self._restores:
-            # Once per attempt: a branch made later by another job claims these key groups
-            # and fences this attempt, and sibling subtasks' branches restore the same
-            # descriptor as this one's (its origin holds every subtask's tokens).
-            missing = set(self.wstore.branches_of(s.operator))
-            for bid, row in self.wstore.load_branches(missing).items():
-                origin = json.loads(row.origin or "{}")
-                restored = Descriptor.from_json(origin.get("tokens")) \
-                    if origin.get("kind") == "restore" else None
-                self._restores[bid] = (row.job_id, tuple(
-                    (t.branch, t.epoch) for t in (restored.parts if restored else ())))
-        job_of = {(r.branch, r.epoch): r.job_id for r in snapshots}
-        return {key for job, restored in self._restores.values() for key in restored
-                if key in job_of and job_of[key] != job}
+            self._restores = self.wstore.branch_restores(self.scope.operator)
+        return restored_by_other_jobs(self._restores, snapshots)
 
     def _views(self, key_group: int, protected: Sequence[SnapshotRow]) -> list[Ranges]:
         assert self.lineage is not None

@@ -179,6 +179,30 @@ class BranchRow:
     created_ms: int
 
 
+#: Per branch of an operator: the job id that made it and the snapshots (branch, epoch) it
+#: restored (empty for a fresh start, `resume` or `truncate`); what
+#: :meth:`StateStore.branch_restores` returns.
+BranchRestores = dict[int, tuple[str, tuple[tuple[int, int], ...]]]
+
+
+def restored_by_other_jobs(restores: BranchRestores, snapshots: Iterable[SnapshotRow]
+                           ) -> set[tuple[int, int]]:
+    """The snapshots (branch, epoch) of `snapshots` that a job other than the one that took
+    them restored: a savepoint's or a retained checkpoint's restore at job submission
+    (`execution.savepoint.path`, `flink run -s`), as opposed to a failover, which restores
+    the job's own checkpoint. Flink 1.20 restores them in NO_CLAIM mode by default
+    (`execution.state-recovery.claim-mode`, FLIP-193): the snapshot stays the user's and
+    several jobs may start from it, so retention keeps it until `pyflink-ndb release`
+    (`CheckpointProtocol.protected_snapshots`; `pyflink-ndb savepoints --all` labels it).
+
+    :param restores: :meth:`StateStore.branch_restores` of the operator.
+    :param snapshots: the operator's snapshot rows.
+    """
+    job_of = {(r.branch, r.epoch): r.job_id for r in snapshots}
+    return {key for job, restored in restores.values() for key in restored
+            if key in job_of and job_of[key] != job}
+
+
 def state_id_for(operator: str, name: str) -> int:
     """Deterministic 31-bit state id of (operator, state name), the same on every subtask."""
     digest = hashlib.sha1(f"{operator}\x00{name}".encode()).digest()
@@ -1206,6 +1230,21 @@ class StateStore(ABC):
                     f"WHERE branch_id IN ({marks})", part):
                 out[int(bid)] = BranchRow(Lineage.from_json(int(bid), int(a), int(b), lineage),
                                           op, origin, job, int(sub), int(att), int(created))
+        return out
+
+    def branch_restores(self, operator: str) -> BranchRestores:
+        """Per branch of `operator`: the job id that made it and the snapshots it restored
+        (:data:`BranchRestores`). Reads the branch rows' job id and origin only (one query;
+        not their lineages)."""
+        out: BranchRestores = {}
+        for bid, job, origin in self._read(
+                "read restores", f"SELECT branch_id, job_id, origin FROM {self.t_branches} "
+                "WHERE operator = ?", (operator,)):
+            data = json.loads(origin or "{}")
+            restored = Descriptor.from_json(data.get("tokens")) \
+                if data.get("kind") == "restore" else None
+            out[int(bid)] = (job, tuple((t.branch, t.epoch)
+                                        for t in (restored.parts if restored else ())))
         return out
 
     def branches_of(self, operator: str) -> list[int]:
