@@ -111,6 +111,8 @@ class LocalSubtask:
         (pass the same id to simulate a restart of one job).
     :param listener: told when each snapshot is durable or failed (as the Java bridge's
         `DurabilityListener`); None: nobody listens.
+    :param restore_claim_mode: Flink's claim mode of the restore (`execution.state-recovery.
+        claim-mode`, as the bridge reads it): "NO_CLAIM" (default), "CLAIM" or "LEGACY".
 
     With `write.async` (the default) snapshots are written by a background thread on a
     second connection; :meth:`snapshot` waits for it unless told otherwise.
@@ -125,7 +127,7 @@ class LocalSubtask:
                  storage: CheckpointStorage | None = None, attempt: int = 0,
                  checkpointing_enabled: bool = True, clock: ManualClock | None = None,
                  local_dir: str | None = None, job_id: str | None = None,
-                 listener: Any = None) -> None:
+                 listener: Any = None, restore_claim_mode: str = "NO_CLAIM") -> None:
         self.clock = clock or ManualClock()
         self.storage = storage or checkpoint_storage(store)
         self.operator = operator
@@ -145,7 +147,8 @@ class LocalSubtask:
             restored_tokens=tuple(restored_tokens or ()),
             restored_epoch_offset=restored_epoch_offset, attempt=attempt,
             checkpointing_enabled=checkpointing_enabled, local_dir=local_dir,
-            job_id=job_id or f"local-{uuid.uuid4().hex[:12]}")
+            job_id=job_id or f"local-{uuid.uuid4().hex[:12]}",
+            restore_claim_mode=restore_claim_mode)
         self.backend = SubtaskStateBackend(options or NdbStateOptions(), info, oracle,
                                            store=store, clock_ms=self.clock,
                                            listener=listener)

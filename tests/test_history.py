@@ -403,6 +403,35 @@ def test_a_retained_checkpoint_another_job_started_from_stays_restorable(
     with pytest.raises(CheckpointError, match="no longer be restored"):
         Attempt(store, local_dir, options, job_id="e" * 32, restored_checkpoint_id=2)
 
+@pytest.mark.parametrize("mode", ["CLAIM", "LEGACY"])
+def test_a_checkpoint_restored_in_claim_mode_is_the_restoring_jobs(store, local_dir, mode):
+    """Flink's CLAIM mode (`execution.state-recovery.claim-mode: CLAIM`) makes the restored
+    snapshot the new job's: Flink deletes it once the job's own checkpoints subsume it, and
+    so does retention here (a restore of it afterwards fails). LEGACY, like NO_CLAIM, leaves
+    it the user's: it stays restorable until released."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options, job_id="a" * 32)
+    a.put("k", 2)
+    a.t.checkpoint(2)
+    a.t.crash()
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=2,
+                restore_claim_mode=mode)
+    assert b.get("k") == 2
+    for cp in range(3, 7):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    b.t.crash()
+    listed = {(r.branch, r.epoch) for r in store.list_snapshots("op")}
+    if mode == "CLAIM":
+        assert (a.t.backend.protocol.branch, 2) not in listed
+        with pytest.raises(CheckpointError, match="no longer be restored"):
+            Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=2)
+    else:
+        assert (a.t.backend.protocol.branch, 2) in listed
+        c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=2)
+        assert c.get("k") == 2
+
+
 def test_garbage_collection_of_many_entries_at_once(store, local_dir):
     """Statements naming entries one by one stay within the store's limits (SQLite allows
     an expression depth of 1000)."""

@@ -113,6 +113,12 @@ class SubtaskScope:
     key_group_end: int
     job_id: str = ""
     attempt: int = 0
+    #: A restore at job submission in Flink's CLAIM mode (`execution.state-recovery.
+    #: claim-mode: CLAIM`): the job owns the restored snapshot, and its retention may
+    #: subsume it. False (NO_CLAIM, Flink's default; LEGACY): the snapshot stays the
+    #: user's, kept until `pyflink-ndb release` (:meth:`CheckpointProtocol.
+    #: _restored_by_other_jobs`).
+    claims_restored: bool = False
 
 
 def _after_first(between: Callable[[], None]) -> Callable[[], None]:
@@ -299,6 +305,8 @@ class CheckpointProtocol:
             tokens = list(restored_tokens)
             restored = Descriptor(tuple(sorted(tokens, key=lambda t: t.kg_start)))
             origin = {"kind": "restore", "tokens": restored.to_json()}
+            if s.claims_restored:
+                origin["claim"] = True
         else:
             row = self.store.read_operator(s.operator)
             committed = row.committed if row is not None else None
@@ -362,7 +370,8 @@ class CheckpointProtocol:
         log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s) "
                  "in %.0f ms", s.operator, s.subtask_index, s.attempt, s.key_group_start,
                  s.key_group_end, self.branch, origin["kind"], self.restore_ms)
-        if restored is not None and origin["kind"] == "restore" and s.subtask_index == 0:
+        if (restored is not None and origin["kind"] == "restore" and s.subtask_index == 0
+                and not s.claims_restored):
             taken_by = {r.job_id for r in snapshots
                         if (r.branch, r.epoch) in {(t.branch, t.epoch) for t in tokens or ()}}
             if taken_by - {s.job_id}:
@@ -849,10 +858,11 @@ class CheckpointProtocol:
         restored (:func:`~pyflink_ndb.stores.base.restored_by_other_jobs`): retention never
         drops them, as a savepoint, until `pyflink-ndb release` (before 2026-12-07 the
         restoring job's own checkpoints subsumed them, and a second restore of the same
-        retained checkpoint failed: found by a new user). CLAIM mode would let Flink delete
-        such a snapshot; it is kept here too (what is kept is never wrong, only stored). Not
-        recognised when both jobs have the same job id (a fixed job id): take a savepoint
-        to restore twice there.
+        retained checkpoint failed: found by a new user). A restore in Flink's CLAIM mode
+        (`execution.state-recovery.claim-mode: CLAIM`, read by the bridge from the job's
+        configuration) makes the snapshot the restoring job's: its retention subsumes it as
+        Flink deletes it. Not recognised when both jobs have the same job id (a fixed job
+        id): take a savepoint to restore twice there.
 
         The branches' restores are read once per attempt (job id and origin only): a
         branch made later by another job claims these key groups and fences this attempt,

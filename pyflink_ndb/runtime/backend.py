@@ -102,6 +102,9 @@ class BindInfo:
     checkpointing_enabled: bool = True
     local_dir: str | None = None
     job_id: str = "local"
+    #: Flink's claim mode of a restore at job submission (`execution.state-recovery.
+    #: claim-mode`): "NO_CLAIM" (Flink's default), "CLAIM" or "LEGACY".
+    restore_claim_mode: str = "NO_CLAIM"
 
 
 def drain_outputs(results: Iterator[Any] | None) -> Any:
@@ -208,7 +211,8 @@ class SubtaskStateBackend:
             self.protocol = CheckpointProtocol(
                 self.store, self.table, options,
                 SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
-                             info.key_group_end, info.job_id, info.attempt), clock_ms,
+                             info.key_group_end, info.job_id, info.attempt,
+                             info.restore_claim_mode == "CLAIM"), clock_ms,
                 write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
             #: How each state's values are rendered for the JSON column, by state id.
             self._json_renderers: dict[int, JsonRenderer] = {}

@@ -61,6 +61,7 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
         checkpointing_enabled=bool(info.get("checkpointing_enabled", True)),
         local_dir=local_dirs[0] if local_dirs else None,
         job_id=str(info.get("job_id", "local")),
+        restore_claim_mode=str(info.get("restore_claim_mode", "NO_CLAIM")),
     )
     merged = {**cluster, **job_options}
     if default_url and PREFIX + "url" not in merged:

@@ -180,8 +180,8 @@ class BranchRow:
 
 
 #: Per branch of an operator: the job id that made it and the snapshots (branch, epoch) it
-#: restored (empty for a fresh start, `resume` or `truncate`); what
-#: :meth:`StateStore.branch_restores` returns.
+#: restored without claiming them (empty for a fresh start, `resume`, `truncate` and a
+#: restore in Flink's CLAIM mode); what :meth:`StateStore.branch_restores` returns.
 BranchRestores = dict[int, tuple[str, tuple[tuple[int, int], ...]]]
 
 
@@ -194,6 +194,7 @@ def restored_by_other_jobs(restores: BranchRestores, snapshots: Iterable[Snapsho
     (`execution.state-recovery.claim-mode`, FLIP-193): the snapshot stays the user's and
     several jobs may start from it, so retention keeps it until `pyflink-ndb release`
     (`CheckpointProtocol.protected_snapshots`; `pyflink-ndb savepoints --all` labels it).
+    A restore in CLAIM mode is left out by :meth:`StateStore.branch_restores`.
 
     :param restores: :meth:`StateStore.branch_restores` of the operator.
     :param snapshots: the operator's snapshot rows.
@@ -1234,15 +1235,16 @@ class StateStore(ABC):
 
     def branch_restores(self, operator: str) -> BranchRestores:
         """Per branch of `operator`: the job id that made it and the snapshots it restored
-        (:data:`BranchRestores`). Reads the branch rows' job id and origin only (one query;
-        not their lineages)."""
+        without claiming them (:data:`BranchRestores`; a restore in CLAIM mode makes the
+        snapshot the restoring job's, whose retention may subsume it). Reads the branch
+        rows' job id and origin only (one query; not their lineages)."""
         out: BranchRestores = {}
         for bid, job, origin in self._read(
                 "read restores", f"SELECT branch_id, job_id, origin FROM {self.t_branches} "
                 "WHERE operator = ?", (operator,)):
             data = json.loads(origin or "{}")
             restored = Descriptor.from_json(data.get("tokens")) \
-                if data.get("kind") == "restore" else None
+                if data.get("kind") == "restore" and not data.get("claim") else None
             out[int(bid)] = (job, tuple((t.branch, t.epoch)
                                         for t in (restored.parts if restored else ())))
         return out

@@ -4,6 +4,7 @@ import org.apache.flink.api.common.TaskInfo;
 import org.apache.flink.api.common.state.ListState;
 import org.apache.flink.api.common.state.ListStateDescriptor;
 import org.apache.flink.configuration.Configuration;
+import org.apache.flink.configuration.StateRecoveryOptions;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
 import org.apache.flink.runtime.state.DoneFuture;
 import org.apache.flink.runtime.state.KeyGroupRange;
@@ -411,7 +412,27 @@ final class StateBackendHooks {
         m.put("checkpointing_enabled", rc.isCheckpointingEnabled());
         m.put("local_dirs", asList(tmpDirs));
         m.put("job_id", rc.getJobInfo().getJobId().toString());
+        m.put("restore_claim_mode", claimMode(tm.getConfiguration(),
+                operator.getContainingTask().getEnvironment().getJobConfiguration()));
         return Json.toJson(m);
+    }
+
+    /**
+     * The claim mode of a restore at job submission ({@code execution.state-recovery.claim-mode},
+     * formerly {@code execution.savepoint-restore-mode}; Flink's default NO_CLAIM): the job's
+     * configuration over the TaskManager's. Python records it with a restore (docs/protocol.md,
+     * "Garbage collection": a snapshot restored in CLAIM mode is the new job's, one restored
+     * otherwise stays until released).
+     */
+    static String claimMode(Configuration cluster, Configuration job) {
+        Configuration merged = new Configuration();
+        if (cluster != null) {
+            merged.addAll(cluster);
+        }
+        if (job != null) {
+            merged.addAll(job);
+        }
+        return merged.get(StateRecoveryOptions.RESTORE_MODE).name();
     }
 
     private static Map<String, String> prefixed(Configuration conf) {
