@@ -6,9 +6,18 @@ of `KeyedStream.process` / `ConnectedStreams.process` for single operators; the 
 and their state declarations stay unchanged.
 """
 
+import warnings
+
 from pyflink_ndb._environment import put_interpreter_first_on_path
-from pyflink_ndb.api.stream import co_process, process
-from pyflink_ndb.api.switch import install as install_switch
+
+with warnings.catch_warnings():
+    # PyFlink 1.20 imports apache_beam, whose stager imports pkg_resources: a deprecation
+    # warning at every `import pyflink_ndb` (and every `pyflink-ndb` command) that says
+    # nothing a user can act on.
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated",
+                            category=UserWarning)
+    from pyflink_ndb.api.stream import co_process, process
+    from pyflink_ndb.api.switch import install as install_switch
 from pyflink_ndb.config import KNOWN_KEYS, NdbStateOptions
 from pyflink_ndb.errors import (
     CheckpointError,

@@ -45,6 +45,28 @@ _url = click.option("--url", required=True, envvar="PYFLINK_NDB_URL", show_envva
 _namespace = click.option("--namespace", default="default", show_default=True)
 
 
+#: The job's option names in store errors, and what a user of this CLI gives instead: the
+#: CLI takes the whole URL, with its user and password, as --url (or PYFLINK_NDB_URL).
+_JOB_TERMS = (
+    ("(in state.backend.ndb.url, `mysql://USER@host:port/db`, or state.backend.ndb.user) "
+     "and the password (state.backend.ndb.password, password-file or password-env)",
+     "and the password in --url (`mysql://USER:PASSWORD@host:port/db`; or set "
+     "PYFLINK_NDB_URL)"),
+    ("state.backend.ndb.url=", "--url "),
+    ("state.backend.ndb.url", "--url (or PYFLINK_NDB_URL)"),
+)
+
+
+def _cli_error(err: NdbStateError) -> click.ClickException:
+    """`err` as a one-line error of this CLI: where the store's message names the job's
+    options for the URL, user and password (`state.backend.ndb.url`, ...), it names
+    --url, which is where a user of the CLI gives them (a new user's trial)."""
+    message = str(err)
+    for job_term, cli_term in _JOB_TERMS:
+        message = message.replace(job_term, cli_term)
+    return click.ClickException(message)
+
+
 def _open(url: str, namespace: str) -> StateStore:
     """Open an existing namespace read-only; a one-line error instead of a traceback (for
     a namespace the store does not hold, one that names those it holds)."""
@@ -60,7 +82,7 @@ def _open(url: str, namespace: str) -> StateStore:
             pass  # the probe failed too: the first error says more
         finally:
             probe.close()
-        raise click.ClickException(str(err)) from err
+        raise _cli_error(err) from err
 
 
 @contextlib.contextmanager
@@ -72,7 +94,7 @@ def _opened(opener: Callable[[str, str], StateStore], url: str, namespace: str
     try:
         yield store
     except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
+        raise _cli_error(err) from err
     finally:
         store.close()
 
@@ -266,7 +288,7 @@ def migrate(url: str, namespace: str) -> None:
                    f"rows, {counts['checkpoints']} checkpoint(s), {counts['savepoints']} "
                    "savepoint(s)")
     except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
+        raise _cli_error(err) from err
     finally:
         store.close()
 
@@ -318,7 +340,7 @@ def _connect_only(url: str, namespace: str) -> StateStore:
         store.connect()
         return store
     except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
+        raise _cli_error(err) from err
 
 
 def _no_namespace(store: StateStore, namespace: str) -> click.ClickException:
@@ -546,7 +568,7 @@ def status(url: str, namespace: str | None, as_json: bool) -> None:
         if namespace is not None and namespace not in names:
             raise _no_namespace(probe, namespace)
     except NdbStateError as err:
-        raise click.ClickException(str(err)) from err
+        raise _cli_error(err) from err
     finally:
         probe.close()
     docs = []

@@ -177,6 +177,36 @@ def test_version():
     assert out.output.strip() == f"pyflink-ndb, version {version('pyflink-ndb')}"
 
 
+def test_a_command_prints_no_warning_of_pyflinks_imports():
+    """`import pyflink_ndb` imports PyFlink, whose apache_beam warned that pkg_resources is
+    deprecated: two lines of noise before every command's output (a new user's trial)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "from pyflink_ndb.cli import main; main()",
+                           "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("mysql://root@127.0.0.1:9/test", "Start the MySQL server there or fix --url (or "
+     "PYFLINK_NDB_URL)."),
+    ("mysql://pyflink_ndb_nobody@127.0.0.1:3306/test", "Fix the user and the password in "
+     "--url (`mysql://USER:PASSWORD@host:port/db`; or set PYFLINK_NDB_URL)."),
+    ("mysql://root@127.0.0.1:3306/test?sslmode=x", "--url 'mysql://root@127.0.0.1:3306/"
+     "test?sslmode=x' has unknown parameters sslmode"),
+])
+@pytest.mark.parametrize("command", ["status", "savepoints", "query"])
+def test_connection_errors_name_the_clis_url_option(url, says, command):
+    """A new user's trial: the CLI's connection errors named the job's option
+    (state.backend.ndb.url, .user, .password) where its user gives --url."""
+    out = CliRunner().invoke(cli, [command, "--url", url])
+    assert out.exit_code == 1, out.output
+    assert says in out.output
+    assert "state.backend.ndb" not in out.output and "Traceback" not in out.output
+
+
 def scan_all(model: Flights, *args: str) -> dict[str, Any]:
     """Every entry of a state by key, read by `scan --format json --limit 0`."""
     out = run("scan", *base(model), "--format", "json", "--limit", "0", *args)
