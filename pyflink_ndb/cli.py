@@ -466,7 +466,7 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
         elif kind == "savepoint":
             note = "pinned until released"
         elif keys & pinned:
-            note = "pinned until released (another job was started from it)"
+            note = "pinned until released (a job was started from it)"
         elif any(r.branch in owners for r in rows):
             # Owners are the latest attempt of each key group, which may have ended: the
             # store cannot tell a running job from one that stopped.

@@ -113,6 +113,8 @@ class LocalSubtask:
         `DurabilityListener`); None: nobody listens.
     :param restore_claim_mode: Flink's claim mode of the restore (`execution.state-recovery.
         claim-mode`, as the bridge reads it): "NO_CLAIM" (default), "CLAIM" or "LEGACY".
+    :param restore_path: the job's `execution.state-recovery.path` (as the bridge reads
+        it); None: the job was submitted without one.
 
     With `write.async` (the default) snapshots are written by a background thread on a
     second connection; :meth:`snapshot` waits for it unless told otherwise.
@@ -127,7 +129,8 @@ class LocalSubtask:
                  storage: CheckpointStorage | None = None, attempt: int = 0,
                  checkpointing_enabled: bool = True, clock: ManualClock | None = None,
                  local_dir: str | None = None, job_id: str | None = None,
-                 listener: Any = None, restore_claim_mode: str = "NO_CLAIM") -> None:
+                 listener: Any = None, restore_claim_mode: str = "NO_CLAIM",
+                 restore_path: str | None = None) -> None:
         self.clock = clock or ManualClock()
         self.storage = storage or checkpoint_storage(store)
         self.operator = operator
@@ -148,7 +151,7 @@ class LocalSubtask:
             restored_epoch_offset=restored_epoch_offset, attempt=attempt,
             checkpointing_enabled=checkpointing_enabled, local_dir=local_dir,
             job_id=job_id or f"local-{uuid.uuid4().hex[:12]}",
-            restore_claim_mode=restore_claim_mode)
+            restore_claim_mode=restore_claim_mode, restore_path=restore_path)
         self.backend = SubtaskStateBackend(options or NdbStateOptions(), info, oracle,
                                            store=store, clock_ms=self.clock,
                                            listener=listener)

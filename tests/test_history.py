@@ -395,7 +395,7 @@ def test_a_retained_checkpoint_another_job_started_from_stays_restorable(
     assert out.exit_code == 0, out.output
     notes = {(r["job"][0], r["checkpoint"]): r["note"]
              for r in map(json.loads, out.stdout.splitlines())}
-    assert notes[("a", 2)] == "pinned until released (another job was started from it)"
+    assert notes[("a", 2)] == "pinned until released (a job was started from it)"
     assert not any(note.startswith("pinned") for key, note in notes.items() if key != ("a", 2))
     with pytest.raises(CheckpointError, match="savepoints --all"):
         Attempt(store, local_dir, options, job_id="d" * 32, restored_checkpoint_id=7)
@@ -430,6 +430,56 @@ def test_a_checkpoint_restored_in_claim_mode_is_the_restoring_jobs(store, local_
         assert (a.t.backend.protocol.branch, 2) in listed
         c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=2)
         assert c.get("k") == 2
+
+
+def test_a_fixed_job_id_restoring_its_retained_checkpoint_at_submission_keeps_it(
+        store, local_dir):
+    """Application mode with HA gives every run the same job id: a new run restoring a
+    retained checkpoint (`execution.state-recovery.path` .../chk-2) looks like a failover by
+    the job id alone. The path tells them apart: the checkpoint stays restorable for a
+    third run; a failover of the second run (its own checkpoint, the same path in its
+    configuration) claims what it restores."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    job, path = "0" * 32, "file:///checkpoints/00000000000000000000000000000000/chk-2"
+    a = Attempt(store, local_dir, options, job_id=job)
+    a.put("k", 2)
+    a.t.checkpoint(2)
+    a.t.crash()
+    b = Attempt(store, local_dir, options, job_id=job, restored_checkpoint_id=2,
+                restore_path=path)
+    for cp in range(3, 8):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    b_branch = b.t.backend.protocol.branch
+    b.t.crash()
+    listed = {(r.branch, r.epoch) for r in store.list_snapshots("op")}
+    assert (a.t.backend.protocol.branch, 2) in listed
+    c = Attempt(store, local_dir, options, job_id=job, restored_checkpoint_id=2,
+                restore_path=path + "/_metadata")
+    assert c.get("k") == 2
+    c.t.crash()
+    b2 = Attempt(store, local_dir, options, job_id=job, restored_checkpoint_id=7,
+                 restore_path=path, attempt=1)
+    for cp in range(8, 12):
+        b2.put("k", cp * 10)
+        b2.t.checkpoint(cp)
+    assert (b_branch, 7) not in {(r.branch, r.epoch) for r in store.list_snapshots("op")}
+
+
+@pytest.mark.parametrize(("path", "restored", "expected"), [
+    ("file:///c/0a1b/chk-17", 17, True),
+    ("file:///c/0a1b/chk-17/", 17, True),
+    ("s3://bucket/c/0a1b/chk-17/_metadata", 17, True),
+    ("file:///c/0a1b/chk-17", 18, False),  # a failover to the job's own checkpoint
+    ("file:///c/0a1b/chk-170", 17, False),
+    ("file:///s/savepoint-0a1b2c-0123456789ab", 17, False),  # savepoints: pinned anyway
+    (None, 17, False),
+])
+def test_a_restore_at_submission_is_the_checkpoint_the_path_names(path, restored, expected):
+    from pyflink_ndb.runtime.backend import BindInfo
+
+    info = BindInfo("op", restored_checkpoint_id=restored, restore_path=path)
+    assert info.restores_at_submission is expected
 
 
 def test_garbage_collection_of_many_entries_at_once(store, local_dir):

@@ -119,6 +119,10 @@ class SubtaskScope:
     #: user's, kept until `pyflink-ndb release` (:meth:`CheckpointProtocol.
     #: _restored_by_other_jobs`).
     claims_restored: bool = False
+    #: This attempt restores the retained checkpoint the job was submitted with
+    #: (`BindInfo.restores_at_submission`), not one the job took itself: a new run even
+    #: where both runs have the same job id (a fixed job id).
+    restores_at_submission: bool = False
 
 
 def _after_first(between: Callable[[], None]) -> Callable[[], None]:
@@ -307,6 +311,8 @@ class CheckpointProtocol:
             origin = {"kind": "restore", "tokens": restored.to_json()}
             if s.claims_restored:
                 origin["claim"] = True
+            if s.restores_at_submission:
+                origin["submission"] = True
         else:
             row = self.store.read_operator(s.operator)
             committed = row.committed if row is not None else None
@@ -374,11 +380,11 @@ class CheckpointProtocol:
                 and not s.claims_restored):
             taken_by = {r.job_id for r in snapshots
                         if (r.branch, r.epoch) in {(t.branch, t.epoch) for t in tokens or ()}}
-            if taken_by - {s.job_id}:
+            if s.restores_at_submission or taken_by - {s.job_id}:
                 log.info("pyflink-ndb %s: restored checkpoint %d of job %s (Flink's NO_CLAIM "
                          "restore): it stays restorable until `pyflink-ndb release` (listed "
                          "by `pyflink-ndb savepoints --all`)", s.operator,
-                         restored.checkpoint_id, ", ".join(sorted(taken_by - {s.job_id})))
+                         restored.checkpoint_id, ", ".join(sorted(taken_by)))
 
     def _check_restorable(self, tokens: Sequence[Token], snapshots: Sequence[SnapshotRow]
                           ) -> None:
@@ -861,8 +867,9 @@ class CheckpointProtocol:
         retained checkpoint failed: found by a new user). A restore in Flink's CLAIM mode
         (`execution.state-recovery.claim-mode: CLAIM`, read by the bridge from the job's
         configuration) makes the snapshot the restoring job's: its retention subsumes it as
-        Flink deletes it. Not recognised when both jobs have the same job id (a fixed job
-        id): take a savepoint to restore twice there.
+        Flink deletes it. Where both runs have the same job id (a fixed job id), the
+        restore of the retained checkpoint named by the job's `execution.state-recovery.
+        path` tells a new run from a failover (`SubtaskScope.restores_at_submission`).
 
         The branches' restores are read once per attempt (job id and origin only): a
         branch made later by another job claims these key groups and fences this attempt,

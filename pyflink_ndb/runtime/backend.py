@@ -105,6 +105,21 @@ class BindInfo:
     #: Flink's claim mode of a restore at job submission (`execution.state-recovery.
     #: claim-mode`): "NO_CLAIM" (Flink's default), "CLAIM" or "LEGACY".
     restore_claim_mode: str = "NO_CLAIM"
+    #: The snapshot a job is submitted to restore (`execution.state-recovery.path`,
+    #: formerly `execution.savepoint.path`); None: none. A failover keeps it.
+    restore_path: str | None = None
+
+    @property
+    def restores_at_submission(self) -> bool:
+        """Whether this attempt restores the retained checkpoint the job was submitted with
+        (`execution.state-recovery.path` ending in `chk-N` for the restored checkpoint N),
+        not one the job took itself: tells a new run from a failover where both have the
+        same job id (a fixed job id). A failover before the job's first checkpoint restores
+        that snapshot again and reads the same (harmless: it keeps the snapshot)."""
+        if self.restore_path is None or self.restored_checkpoint_id is None:
+            return False
+        parts = [p for p in self.restore_path.rstrip("/").split("/") if p != "_metadata"]
+        return bool(parts) and parts[-1] == f"chk-{self.restored_checkpoint_id}"
 
 
 def drain_outputs(results: Iterator[Any] | None) -> Any:
@@ -212,7 +227,8 @@ class SubtaskStateBackend:
                 self.store, self.table, options,
                 SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
                              info.key_group_end, info.job_id, info.attempt,
-                             info.restore_claim_mode == "CLAIM"), clock_ms,
+                             info.restore_claim_mode == "CLAIM",
+                             info.restores_at_submission), clock_ms,
                 write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
             #: How each state's values are rendered for the JSON column, by state id.
             self._json_renderers: dict[int, JsonRenderer] = {}

@@ -62,6 +62,7 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
         local_dir=local_dirs[0] if local_dirs else None,
         job_id=str(info.get("job_id", "local")),
         restore_claim_mode=str(info.get("restore_claim_mode", "NO_CLAIM")),
+        restore_path=info.get("restore_path"),
     )
     merged = {**cluster, **job_options}
     if default_url and PREFIX + "url" not in merged:

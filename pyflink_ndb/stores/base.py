@@ -179,16 +179,19 @@ class BranchRow:
     created_ms: int
 
 
-#: Per branch of an operator: the job id that made it and the snapshots (branch, epoch) it
+#: Per branch of an operator: the job id that made it, the snapshots (branch, epoch) it
 #: restored without claiming them (empty for a fresh start, `resume`, `truncate` and a
-#: restore in Flink's CLAIM mode); what :meth:`StateStore.branch_restores` returns.
-BranchRestores = dict[int, tuple[str, tuple[tuple[int, int], ...]]]
+#: restore in Flink's CLAIM mode), and whether that restore was the retained checkpoint
+#: the job was submitted with (`execution.state-recovery.path`: a new run, also under the
+#: same job id); what :meth:`StateStore.branch_restores` returns.
+BranchRestores = dict[int, tuple[str, tuple[tuple[int, int], ...], bool]]
 
 
 def restored_by_other_jobs(restores: BranchRestores, snapshots: Iterable[SnapshotRow]
                            ) -> set[tuple[int, int]]:
     """The snapshots (branch, epoch) of `snapshots` that a job other than the one that took
-    them restored: a savepoint's or a retained checkpoint's restore at job submission
+    them restored, or a new run of the same job id (a fixed job id) restored at submission:
+    a savepoint's or a retained checkpoint's restore at job submission
     (`execution.savepoint.path`, `flink run -s`), as opposed to a failover, which restores
     the job's own checkpoint. Flink 1.20 restores them in NO_CLAIM mode by default
     (`execution.state-recovery.claim-mode`, FLIP-193): the snapshot stays the user's and
@@ -200,8 +203,8 @@ def restored_by_other_jobs(restores: BranchRestores, snapshots: Iterable[Snapsho
     :param snapshots: the operator's snapshot rows.
     """
     job_of = {(r.branch, r.epoch): r.job_id for r in snapshots}
-    return {key for job, restored in restores.values() for key in restored
-            if key in job_of and job_of[key] != job}
+    return {key for job, restored, submitted in restores.values() for key in restored
+            if key in job_of and (submitted or job_of[key] != job)}
 
 
 def state_id_for(operator: str, name: str) -> int:
@@ -1246,7 +1249,8 @@ class StateStore(ABC):
             restored = Descriptor.from_json(data.get("tokens")) \
                 if data.get("kind") == "restore" and not data.get("claim") else None
             out[int(bid)] = (job, tuple((t.branch, t.epoch)
-                                        for t in (restored.parts if restored else ())))
+                                        for t in (restored.parts if restored else ())),
+                             bool(data.get("submission")))
         return out
 
     def branches_of(self, operator: str) -> list[int]:

@@ -412,19 +412,23 @@ final class StateBackendHooks {
         m.put("checkpointing_enabled", rc.isCheckpointingEnabled());
         m.put("local_dirs", asList(tmpDirs));
         m.put("job_id", rc.getJobInfo().getJobId().toString());
-        m.put("restore_claim_mode", claimMode(tm.getConfiguration(),
-                operator.getContainingTask().getEnvironment().getJobConfiguration()));
+        Configuration recovery = jobOverCluster(tm.getConfiguration(),
+                operator.getContainingTask().getEnvironment().getJobConfiguration());
+        m.put("restore_claim_mode", recovery.get(StateRecoveryOptions.RESTORE_MODE).name());
+        m.put("restore_path", recovery.get(StateRecoveryOptions.SAVEPOINT_PATH));
         return Json.toJson(m);
     }
 
     /**
-     * The claim mode of a restore at job submission ({@code execution.state-recovery.claim-mode},
-     * formerly {@code execution.savepoint-restore-mode}; Flink's default NO_CLAIM): the job's
-     * configuration over the TaskManager's. Python records it with a restore (docs/protocol.md,
-     * "Garbage collection": a snapshot restored in CLAIM mode is the new job's, one restored
-     * otherwise stays until released).
+     * The job's configuration over the TaskManager's, for the settings of a restore at job
+     * submission: its claim mode ({@code execution.state-recovery.claim-mode}, formerly {@code
+     * execution.savepoint-restore-mode}; Flink's default NO_CLAIM) and the snapshot's path
+     * ({@code execution.state-recovery.path}, formerly {@code execution.savepoint.path}).
+     * Python records both with a restore (docs/protocol.md, "Garbage collection": a snapshot
+     * restored in CLAIM mode is the new job's, one restored otherwise at submission stays until
+     * released).
      */
-    static String claimMode(Configuration cluster, Configuration job) {
+    static Configuration jobOverCluster(Configuration cluster, Configuration job) {
         Configuration merged = new Configuration();
         if (cluster != null) {
             merged.addAll(cluster);
@@ -432,7 +436,7 @@ final class StateBackendHooks {
         if (job != null) {
             merged.addAll(job);
         }
-        return merged.get(StateRecoveryOptions.RESTORE_MODE).name();
+        return merged;
     }
 
     private static Map<String, String> prefixed(Configuration conf) {
