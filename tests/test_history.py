@@ -482,6 +482,45 @@ def test_a_restore_at_submission_is_the_checkpoint_the_path_names(path, restored
     assert info.restores_at_submission is expected
 
 
+def test_a_snapshot_restores_only_in_the_namespace_that_took_it(store_kind, store_factory,
+                                                                 local_dir):
+    """Branch ids count from 1 in every namespace: a savepoint restored into another
+    namespace, or into its own after a `drop` and a new run, found a branch and checkpoint
+    of the same numbers there and restored that run's state without a word (a breaker's
+    find with real jobs: every output wrong). The token's nonce names the branch row that
+    took it: elsewhere the restore fails. A token of an older version (no nonce) still
+    restores where it was taken."""
+    options = NdbStateOptions(cache_max_entries=1)
+    x = store_factory(store_kind)
+    a = Attempt(x, local_dir, options, job_id="a" * 32)
+    a.put("k", 1)
+    a.t.checkpoint(1)
+    token = a.t.storage.tokens("op", 1)
+    a.t.crash()
+    y = store_factory(store_kind)  # another namespace, where another job ran as far
+    b = Attempt(y, local_dir, options, job_id="b" * 32)
+    b.put("k", 99)
+    b.t.checkpoint(1)
+    b.t.crash()
+    with pytest.raises(CheckpointError, match=f"was not taken in .* namespace "
+                       f"'{y.namespace}' .*made by job {'b' * 32}"):
+        Attempt(y, local_dir, options, restored_checkpoint_id=1, restored_tokens=token)
+    legacy = tuple(json.dumps({k: v for k, v in json.loads(t).items() if k != "nonce"})
+                   for t in token)
+    c = Attempt(x, local_dir, options, restored_checkpoint_id=1, restored_tokens=legacy)
+    assert c.get("k") == 1
+    c.t.crash()
+    # The namespace dropped and used again: the same numbers, another run.
+    x.drop_tables()
+    x.open()
+    d = Attempt(x, local_dir, options, job_id="d" * 32)
+    d.put("k", 42)
+    d.t.checkpoint(1)
+    d.t.crash()
+    with pytest.raises(CheckpointError, match="dropped and used again"):
+        Attempt(x, local_dir, options, restored_checkpoint_id=1, restored_tokens=token)
+
+
 def test_garbage_collection_of_many_entries_at_once(store, local_dir):
     """Statements naming entries one by one stay within the store's limits (SQLite allows
     an expression depth of 1000)."""

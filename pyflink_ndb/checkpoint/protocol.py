@@ -20,8 +20,10 @@ the task thread before the writer has any job.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -123,6 +125,11 @@ class SubtaskScope:
     #: (`BindInfo.restores_at_submission`), not one the job took itself: a new run even
     #: where both runs have the same job id (a fixed job id).
     restores_at_submission: bool = False
+
+
+def _utc(ms: int) -> str:
+    """A time in milliseconds since the epoch as `YYYY-MM-DD HH:MM:SSZ` (for messages)."""
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
 
 
 def _after_first(between: Callable[[], None]) -> Callable[[], None]:
@@ -254,6 +261,9 @@ class CheckpointProtocol:
                      "%g CPUs; on from 2)", scope.operator, scope.subtask_index,
                      "on" if self.write_process else "off", cpus)
         self.branch = 0
+        #: The random identity of this attempt's branch (its origin's `nonce`, and every
+        #: token's): a restore checks it against the branch row it finds (:class:`Token`).
+        self.nonce = secrets.token_hex(8)
         self.lineage: Lineage | None = None
         self.fence: Fence | None = None
         #: Epoch of this branch's latest completed checkpoint (0: none yet).
@@ -331,8 +341,10 @@ class CheckpointProtocol:
         snapshots = self.store.list_snapshots(s.operator)
         mine = [t for t in tokens or () if t.kg_end >= s.key_group_start
                 and t.kg_start <= s.key_group_end]
+        origin["nonce"] = self.nonce
         if tokens is not None:
             self._check_restorable(mine, snapshots)
+            self._check_identity(tokens)
             parents = self._load_lineages({t.branch for t in mine})
             unnamed = lineage_from_tokens(0, s.key_group_start, s.key_group_end, mine, parents)
         else:
@@ -399,6 +411,36 @@ class CheckpointProtocol:
                     "released, aborted, or the namespace was truncated, and its versions may "
                     "be gone. Restore a snapshot that is still restorable: `pyflink-ndb "
                     "savepoints --all` lists them, with the checkpoint id and job of each.")
+
+    def _check_identity(self, tokens: Sequence[Token]) -> None:
+        """Every restored token that carries its branch's nonce names a branch of this
+        namespace with that nonce: not a branch of the same number in another namespace or
+        database, nor in this one after it was dropped and used again (branch ids count
+        from 1 in each). Checked for every subtask's token, as `_check_restorable`.
+
+        :raises CheckpointError: a token's branch has another nonce, or none."""
+        branches = {t.branch for t in tokens if t.nonce is not None}
+        if not branches:
+            return  # tokens written before the nonce: not checked
+        rows = self.store.load_branches(branches)
+        for token in tokens:
+            if token.nonce is None:
+                continue
+            row = rows.get(token.branch)
+            found = json.loads(row.origin or "{}").get("nonce") if row is not None else None
+            if found != token.nonce:
+                raise CheckpointError(
+                    f"The restored snapshot (checkpoint {token.epoch} of branch "
+                    f"{token.branch}) of operator {self.scope.operator!r} was not taken in "
+                    f"{self.store.describe()} namespace {self.store.namespace!r}"
+                    + ("" if row is None else
+                       f" (its branch {token.branch} there was made by job {row.job_id} at "
+                       f"{_utc(row.created_ms)})")
+                    + ": the job points at another namespace or database than the job "
+                    "that took it, or the namespace was dropped and used again since. "
+                    "Restore it with the state.backend.ndb.url and namespace of the job "
+                    "that took it; if that namespace was dropped, its state is gone: start "
+                    "without the checkpoint (or from a later one).")
 
     def _abandoned(self, snapshots: Sequence[SnapshotRow], before: OwnerMap, reset: bool,
                    lineage: Lineage) -> list[tuple[int, int]]:
@@ -496,7 +538,7 @@ class CheckpointProtocol:
             self.settle()
         self.last_sync_ms = (time.perf_counter() - started) * 1000
         return Token(self.branch, checkpoint_id, self.scope.key_group_start,
-                     self.scope.key_group_end)
+                     self.scope.key_group_end, self.nonce)
 
     def _write_epoch(self, fence: Fence, checkpoint_id: int, kind: str,
                      frozen: FrozenEpoch) -> int:
