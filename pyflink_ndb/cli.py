@@ -17,7 +17,13 @@ from pyflink_ndb.errors import NdbStateError, StaleReadError
 from pyflink_ndb.operator_ids import operator_id_of_uid
 from pyflink_ndb.serialization.keys import decode_key, split_key
 from pyflink_ndb.serialization.values import JsonRenderer, decode_value, json_renderer
-from pyflink_ndb.stores.base import SnapshotRow, StateStore, restored_by_other_jobs
+from pyflink_ndb.stores.base import (
+    BranchOrigin,
+    SnapshotRow,
+    StateStore,
+    restored_by_other_jobs,
+    retained_by_other_jobs,
+)
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.inspect import (
     KEY_TYPES,
@@ -449,10 +455,15 @@ def _segments_text(parts: Sequence[Sequence[Any]]) -> str:
 
 
 def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int, int]],
-                     owners: set[int], pinned: set[tuple[int, int]]
+                     owners: set[int], origins: dict[int, BranchOrigin]
                      ) -> list[dict[str, Any]]:
     """Restorable snapshots grouped per (kind, checkpoint, job): what `release` takes.
-    `pinned`: the snapshots another job restored (`restored_by_other_jobs`)."""
+    `origins`: the operator's branch origins (`StateStore.branch_origins`), which tell the
+    snapshots a job was started from and the checkpoints an ended job kept."""
+    pinned = restored_by_other_jobs(origins, snapshots)
+    owner_jobs = {origins[br].job_id for br in owners if br in origins}
+    kept = retained_by_other_jobs(origins, snapshots, "") if not owner_jobs else set.union(
+        *(retained_by_other_jobs(origins, snapshots, job) for job in owner_jobs))
     groups: dict[tuple[str, int, str], list[SnapshotRow]] = {}
     for r in snapshots:
         groups.setdefault((r.kind, r.epoch, r.job_id), []).append(r)
@@ -467,6 +478,8 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
             note = "pinned until released"
         elif keys & pinned:
             note = "pinned until released (a job was started from it)"
+        elif keys & kept and not any(r.branch in owners for r in rows):
+            note = "kept until released (its job retains its checkpoints when it ends)"
         elif any(r.branch in owners for r in rows):
             # Owners are the latest attempt of each key group, which may have ended: the
             # store cannot tell a running job from one that stopped.
@@ -509,8 +522,7 @@ def _namespace_status(url: str, namespace: str) -> dict[str, Any]:
                 "states": states,
                 "snapshots": _snapshot_groups(
                     snapshots, {(c[2], c[3]) for c in committed},
-                    {br for _, _, br in row.owners},
-                    restored_by_other_jobs(store.branch_restores(row.operator), snapshots))})
+                    {br for _, _, br in row.owners}, store.branch_origins(row.operator))})
         return {"namespace": namespace, "store": store.describe(), "operators": operators}
 
 
@@ -756,8 +768,8 @@ def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
                 (t.branch, t.epoch) for t in row.committed.parts}
             owners = set() if row is None else {br for _, _, br in row.owners}
             snapshots = store.list_snapshots(op)
-            pinned = restored_by_other_jobs(store.branch_restores(op), snapshots)
-            for group in _snapshot_groups(snapshots, committed, owners, pinned):
+            for group in _snapshot_groups(snapshots, committed, owners,
+                                          store.branch_origins(op)):
                 if show_all or group["kind"] == "savepoint":
                     rows.append({"operator": op, **group})
         if fmt == "json":

@@ -115,6 +115,8 @@ class LocalSubtask:
         claim-mode`, as the bridge reads it): "NO_CLAIM" (default), "CLAIM" or "LEGACY".
     :param restore_path: the job's `execution.state-recovery.path` (as the bridge reads
         it); None: the job was submitted without one.
+    :param externalized_retention: the job's `execution.checkpointing.externalized-
+        checkpoint-retention` (as the bridge reads it).
 
     With `write.async` (the default) snapshots are written by a background thread on a
     second connection; :meth:`snapshot` waits for it unless told otherwise.
@@ -130,7 +132,8 @@ class LocalSubtask:
                  checkpointing_enabled: bool = True, clock: ManualClock | None = None,
                  local_dir: str | None = None, job_id: str | None = None,
                  listener: Any = None, restore_claim_mode: str = "NO_CLAIM",
-                 restore_path: str | None = None) -> None:
+                 restore_path: str | None = None,
+                 externalized_retention: str = "NO_EXTERNALIZED_CHECKPOINTS") -> None:
         self.clock = clock or ManualClock()
         self.storage = storage or checkpoint_storage(store)
         self.operator = operator
@@ -151,7 +154,8 @@ class LocalSubtask:
             restored_epoch_offset=restored_epoch_offset, attempt=attempt,
             checkpointing_enabled=checkpointing_enabled, local_dir=local_dir,
             job_id=job_id or f"local-{uuid.uuid4().hex[:12]}",
-            restore_claim_mode=restore_claim_mode, restore_path=restore_path)
+            restore_claim_mode=restore_claim_mode, restore_path=restore_path,
+            externalized_retention=externalized_retention)
         self.backend = SubtaskStateBackend(options or NdbStateOptions(), info, oracle,
                                            store=store, clock_ms=self.clock,
                                            listener=listener)

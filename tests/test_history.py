@@ -521,6 +521,52 @@ def test_a_snapshot_restores_only_in_the_namespace_that_took_it(store_kind, stor
         Attempt(x, local_dir, options, restored_checkpoint_id=1, restored_tokens=token)
 
 
+@pytest.mark.parametrize("retention", ["RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION",
+                                       "NO_EXTERNALIZED_CHECKPOINTS"])
+def test_a_later_jobs_retention_leaves_an_ended_jobs_retained_checkpoints(
+        store, local_dir, store_kind, tmp_path, request, retention):
+    """Job a keeps its checkpoints when it ends (`externalized-checkpoint-retention`):
+    Flink leaves a's last retained checkpoints on disk whatever later jobs do. Job b
+    restores a's newest and runs on past its own retention; a's older retained checkpoint
+    must still restore (it failed with CheckpointError: b's retention subsumed it; a
+    breaker's find with real jobs). With NO_EXTERNALIZED_CHECKPOINTS (Flink's default)
+    Flink deletes a's checkpoints when a ends: b's retention subsumes them as before."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options, job_id="a" * 32, externalized_retention=retention)
+    for cp in range(1, 6):
+        a.put("k", cp)
+        a.t.checkpoint(cp)
+    a.t.crash()
+    a_branch = a.t.backend.protocol.branch
+    assert {e for b, e in ((r.branch, r.epoch) for r in store.list_snapshots("op"))
+            if b == a_branch} == {4, 5}
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=5,
+                externalized_retention=retention)
+    for cp in range(6, 11):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    listed = {(r.branch, r.epoch) for r in store.list_snapshots("op")}
+    if retention == "NO_EXTERNALIZED_CHECKPOINTS":
+        assert (a_branch, 4) not in listed
+        with pytest.raises(CheckpointError, match="no longer be restored"):
+            Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=4)
+        return
+    assert (a_branch, 4) in listed
+    url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite"
+           else request.getfixturevalue("mysql_url"))
+    out = CliRunner().invoke(cli, ["savepoints", "--url", url, "--namespace", store.namespace,
+                                   "--all", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    notes = {(r["job"][0], r["checkpoint"]): r["note"]
+             for r in map(json.loads, out.stdout.splitlines())}
+    assert notes[("a", 4)] == \
+        "kept until released (its job retains its checkpoints when it ends)"
+    assert notes[("a", 5)] == "pinned until released (a job was started from it)"
+    b.t.crash()
+    c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=4)
+    assert c.get("k") == 4
+
+
 def test_garbage_collection_of_many_entries_at_once(store, local_dir):
     """Statements naming entries one by one stay within the store's limits (SQLite allows
     an expression depth of 1000)."""

@@ -55,13 +55,13 @@ from pyflink_ndb.stores.base import (
     KIND_FINAL,
     KIND_SAVEPOINT,
     PENDING,
-    BranchRestores,
+    BranchOrigin,
     Fence,
     SnapshotRow,
     StateStore,
     WriteRow,
+    left_to_the_user,
     now_ms,
-    restored_by_other_jobs,
 )
 from pyflink_ndb.stores.lineage import (
     MAX_EPOCH,
@@ -119,12 +119,17 @@ class SubtaskScope:
     #: claim-mode: CLAIM`): the job owns the restored snapshot, and its retention may
     #: subsume it. False (NO_CLAIM, Flink's default; LEGACY): the snapshot stays the
     #: user's, kept until `pyflink-ndb release` (:meth:`CheckpointProtocol.
-    #: _restored_by_other_jobs`).
+    #: _left_to_the_user`).
     claims_restored: bool = False
     #: This attempt restores the retained checkpoint the job was submitted with
     #: (`BindInfo.restores_at_submission`), not one the job took itself: a new run even
     #: where both runs have the same job id (a fixed job id).
     restores_at_submission: bool = False
+    #: The job keeps its checkpoints when it ends (Flink's `execution.checkpointing.
+    #: externalized-checkpoint-retention` RETAIN_ON_CANCELLATION or
+    #: DELETE_ON_CANCELLATION): recorded in the branch's origin, so that later jobs'
+    #: retention leaves them to the user (:func:`~pyflink_ndb.stores.base.left_to_the_user`).
+    retains_checkpoints: bool = False
 
 
 def _utc(ms: int) -> str:
@@ -281,11 +286,10 @@ class CheckpointProtocol:
         self._adopt: dict[tuple[int, int, int, int], dict[int, tuple[int, int, bytes] | None]] = {}
         self._adopted_done: set[tuple[int, int, int, int, int]] = set()
         self._lineages: dict[int, Lineage] = {}
-        #: Per branch of the operator: the job that made it and the snapshots (branch,
-        #: epoch) it restored (none for a fresh start or `resume`). Branch rows never
-        #: change: loaded once per attempt, at its first garbage collection
-        #: (:meth:`_restored_by_other_jobs`).
-        self._restores: BranchRestores = {}
+        #: Per branch of the operator, what retention needs of its origin. Branch rows
+        #: never change: loaded once per attempt, at its first garbage collection
+        #: (:meth:`_left_to_the_user`).
+        self._origins: dict[int, BranchOrigin] = {}
 
     def set_json_renderers(self, renderers: Mapping[int, JsonRenderer]) -> None:
         """How each state's values are rendered for the JSON column (by state id; read
@@ -342,6 +346,8 @@ class CheckpointProtocol:
         mine = [t for t in tokens or () if t.kg_end >= s.key_group_start
                 and t.kg_start <= s.key_group_end]
         origin["nonce"] = self.nonce
+        if s.retains_checkpoints:
+            origin["retains"] = True
         if tokens is not None:
             self._check_restorable(mine, snapshots)
             self._check_identity(tokens)
@@ -876,9 +882,10 @@ class CheckpointProtocol:
         every = self.wstore.list_snapshots(s.operator)
         rows = [r for r in every
                 if r.kg_end >= s.key_group_start and r.kg_start <= s.key_group_end]
-        # A snapshot another job restored counts in its chain (it bounds what stays) but is
-        # never dropped by retention, as a savepoint (_restored_by_other_jobs).
-        unclaimed = self._restored_by_other_jobs(every)
+        # A snapshot another job restored, or another job's checkpoint that Flink keeps,
+        # counts in its chain (it bounds what stays) but is never dropped by retention, as
+        # a savepoint (_left_to_the_user).
+        unclaimed = self._left_to_the_user(every)
         candidates = [r for r in rows if r.kind != KIND_SAVEPOINT]
         edges = self._edges([self.lineage], candidates)
         dropped: dict[tuple[int, int], bool] = {}
@@ -901,25 +908,28 @@ class CheckpointProtocol:
             rows = [r for r in rows if (r.branch, r.epoch) not in gone]
         return rows
 
-    def _restored_by_other_jobs(self, snapshots: Sequence[SnapshotRow]) -> set[tuple[int, int]]:
-        """The snapshots (branch, epoch) that a job other than the one that took them
-        restored (:func:`~pyflink_ndb.stores.base.restored_by_other_jobs`): retention never
-        drops them, as a savepoint, until `pyflink-ndb release` (before 2026-12-07 the
-        restoring job's own checkpoints subsumed them, and a second restore of the same
-        retained checkpoint failed: found by a new user). A restore in Flink's CLAIM mode
-        (`execution.state-recovery.claim-mode: CLAIM`, read by the bridge from the job's
-        configuration) makes the snapshot the restoring job's: its retention subsumes it as
-        Flink deletes it. Where both runs have the same job id (a fixed job id), the
-        restore of the retained checkpoint named by the job's `execution.state-recovery.
-        path` tells a new run from a failover (`SubtaskScope.restores_at_submission`).
+    def _left_to_the_user(self, snapshots: Sequence[SnapshotRow]) -> set[tuple[int, int]]:
+        """The snapshots (branch, epoch) that this job's retention leaves to the user
+        (:func:`~pyflink_ndb.stores.base.left_to_the_user`): a snapshot another job (or a
+        new run of a fixed job id, `SubtaskScope.restores_at_submission`) restored in
+        NO_CLAIM mode, and the checkpoints of another job that keeps its checkpoints when
+        it ends. Flink never deletes those for this job, so they stay restorable until
+        `pyflink-ndb release`. Before 2026-12-07 this job's checkpoints subsumed them: a
+        second restore of one retained checkpoint failed (a new user's trial), and so did a
+        restore of a cancelled job's older retained checkpoint once a later job ran on
+        (a breaker's). A restore in CLAIM mode (`execution.state-recovery.claim-mode:
+        CLAIM`) makes the snapshot the restoring job's: its retention subsumes it as Flink
+        deletes it. Another job's checkpoints where that job kept none when it ended
+        (`NO_EXTERNALIZED_CHECKPOINTS`, Flink's default; or a branch made before this was
+        recorded) are subsumed as before.
 
-        The branches' restores are read once per attempt (job id and origin only): a
+        The branches' origins are read once per attempt (job id and origin only): a
         branch made later by another job claims these key groups and fences this attempt,
         and sibling subtasks' branches restore the same descriptor as this one's (its
         origin holds every subtask's tokens)."""
-        if not self._restores:
-            self._restores = self.wstore.branch_restores(self.scope.operator)
-        return restored_by_other_jobs(self._restores, snapshots)
+        if not self._origins:
+            self._origins = self.wstore.branch_origins(self.scope.operator)
+        return left_to_the_user(self._origins, snapshots, self.scope.job_id)
 
     def _views(self, key_group: int, protected: Sequence[SnapshotRow]) -> list[Ranges]:
         assert self.lineage is not None

@@ -108,6 +108,11 @@ class BindInfo:
     #: The snapshot a job is submitted to restore (`execution.state-recovery.path`,
     #: formerly `execution.savepoint.path`); None: none. A failover keeps it.
     restore_path: str | None = None
+    #: Flink's `execution.checkpointing.externalized-checkpoint-retention`:
+    #: "NO_EXTERNALIZED_CHECKPOINTS" (Flink 1.20's default: the job's checkpoints are
+    #: deleted when it ends), "RETAIN_ON_CANCELLATION" or "DELETE_ON_CANCELLATION" (kept
+    #: when it fails; the store cannot tell a failed job from a cancelled one).
+    externalized_retention: str = "NO_EXTERNALIZED_CHECKPOINTS"
 
     @property
     def restores_at_submission(self) -> bool:
@@ -228,7 +233,9 @@ class SubtaskStateBackend:
                 SubtaskScope(info.operator, info.subtask_index, info.key_group_start,
                              info.key_group_end, info.job_id, info.attempt,
                              info.restore_claim_mode == "CLAIM",
-                             info.restores_at_submission), clock_ms,
+                             info.restores_at_submission,
+                             info.externalized_retention != "NO_EXTERNALIZED_CHECKPOINTS"),
+                clock_ms,
                 write_store=self.write_store, on_durable=on_durable, on_failed=on_failed)
             #: How each state's values are rendered for the JSON column, by state id.
             self._json_renderers: dict[int, JsonRenderer] = {}

@@ -63,6 +63,8 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
         job_id=str(info.get("job_id", "local")),
         restore_claim_mode=str(info.get("restore_claim_mode", "NO_CLAIM")),
         restore_path=info.get("restore_path"),
+        externalized_retention=str(info.get("externalized_retention",
+                                            "NO_EXTERNALIZED_CHECKPOINTS")),
     )
     merged = {**cluster, **job_options}
     if default_url and PREFIX + "url" not in merged:

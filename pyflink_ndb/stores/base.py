@@ -26,7 +26,7 @@ import json
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -179,32 +179,70 @@ class BranchRow:
     created_ms: int
 
 
-#: Per branch of an operator: the job id that made it, the snapshots (branch, epoch) it
-#: restored without claiming them (empty for a fresh start, `resume`, `truncate` and a
-#: restore in Flink's CLAIM mode), and whether that restore was the retained checkpoint
-#: the job was submitted with (`execution.state-recovery.path`: a new run, also under the
-#: same job id); what :meth:`StateStore.branch_restores` returns.
-BranchRestores = dict[int, tuple[str, tuple[tuple[int, int], ...], bool]]
+class BranchOrigin(NamedTuple):
+    """What retention needs of one branch row's origin (:meth:`StateStore.branch_origins`)."""
+
+    #: The job that made the branch.
+    job_id: str
+    #: The snapshots (branch, epoch) it restored without claiming them: empty for a fresh
+    #: start, `resume`, `truncate` and a restore in Flink's CLAIM mode.
+    restored: tuple[tuple[int, int], ...]
+    #: The restore was of the retained checkpoint the job was submitted with
+    #: (`execution.state-recovery.path`): a new run, also under the same job id.
+    submitted: bool
+    #: Its job keeps its checkpoints when it ends (`execution.checkpointing.externalized-
+    #: checkpoint-retention` RETAIN_ON_CANCELLATION or DELETE_ON_CANCELLATION): Flink
+    #: leaves them on disk for the user. False: NO_EXTERNALIZED_CHECKPOINTS (Flink deletes
+    #: them when the job ends), or a branch made before 2026-12-07 (not recorded).
+    retains: bool
 
 
-def restored_by_other_jobs(restores: BranchRestores, snapshots: Iterable[SnapshotRow]
-                           ) -> set[tuple[int, int]]:
-    """The snapshots (branch, epoch) of `snapshots` that a job other than the one that took
-    them restored, or a new run of the same job id (a fixed job id) restored at submission:
-    a savepoint's or a retained checkpoint's restore at job submission
-    (`execution.savepoint.path`, `flink run -s`), as opposed to a failover, which restores
-    the job's own checkpoint. Flink 1.20 restores them in NO_CLAIM mode by default
-    (`execution.state-recovery.claim-mode`, FLIP-193): the snapshot stays the user's and
-    several jobs may start from it, so retention keeps it until `pyflink-ndb release`
-    (`CheckpointProtocol.protected_snapshots`; `pyflink-ndb savepoints --all` labels it).
-    A restore in CLAIM mode is left out by :meth:`StateStore.branch_restores`.
+def left_to_the_user(origins: Mapping[int, BranchOrigin], snapshots: Iterable[SnapshotRow],
+                     job_id: str) -> set[tuple[int, int]]:
+    """The snapshots (branch, epoch) of `snapshots` that the retention of job `job_id`
+    must not drop, as it drops its own subsumed checkpoints: Flink never deletes them for
+    that job, so they stay restorable until `pyflink-ndb release`
+    (`CheckpointProtocol.protected_snapshots`; docs/protocol.md, "Garbage collection").
 
-    :param restores: :meth:`StateStore.branch_restores` of the operator.
+    * A snapshot that a job other than the one that took it restored, or a new run of the
+      same job id restored at submission: a savepoint's or a retained checkpoint's restore
+      at job submission (`execution.savepoint.path`, `flink run -s`), as opposed to a
+      failover, which restores the job's own checkpoint. Flink 1.20 restores it in
+      NO_CLAIM mode by default (`execution.state-recovery.claim-mode`, FLIP-193): it stays
+      the user's and several jobs may start from it (found by a new user). A restore in
+      CLAIM mode makes it the new job's (not listed in :attr:`BranchOrigin.restored`).
+    * A checkpoint of another job that keeps its checkpoints when it ends
+      (:attr:`BranchOrigin.retains`): a cancelled job's retained checkpoints stay on
+      Flink's disk, restorable, whatever later jobs do (found by a breaker: a later job
+      that resumed or restored in that history subsumed them, and restoring the cancelled
+      job's older retained checkpoint failed).
+
+    :param origins: :meth:`StateStore.branch_origins` of the operator.
     :param snapshots: the operator's snapshot rows.
+    :param job_id: the job whose retention asks.
     """
+    snapshots = list(snapshots)
+    return (restored_by_other_jobs(origins, snapshots)
+            | retained_by_other_jobs(origins, snapshots, job_id))
+
+
+def restored_by_other_jobs(origins: Mapping[int, BranchOrigin],
+                           snapshots: Iterable[SnapshotRow]) -> set[tuple[int, int]]:
+    """Of :func:`left_to_the_user`: the snapshots a job other than the one that took them
+    (or a new run of a fixed job id) restored without claiming them."""
     job_of = {(r.branch, r.epoch): r.job_id for r in snapshots}
-    return {key for job, restored, submitted in restores.values() for key in restored
-            if key in job_of and (submitted or job_of[key] != job)}
+    return {key for o in origins.values() for key in o.restored
+            if key in job_of and (o.submitted or job_of[key] != o.job_id)}
+
+
+def retained_by_other_jobs(origins: Mapping[int, BranchOrigin],
+                           snapshots: Iterable[SnapshotRow], job_id: str
+                           ) -> set[tuple[int, int]]:
+    """Of :func:`left_to_the_user`: the checkpoints of jobs other than `job_id` that keep
+    their checkpoints when they end (:attr:`BranchOrigin.retains`)."""
+    return {(r.branch, r.epoch) for r in snapshots
+            if r.kind != KIND_SAVEPOINT and r.job_id != job_id
+            and (o := origins.get(r.branch)) is not None and o.retains}
 
 
 def state_id_for(operator: str, name: str) -> int:
@@ -1236,21 +1274,20 @@ class StateStore(ABC):
                                           op, origin, job, int(sub), int(att), int(created))
         return out
 
-    def branch_restores(self, operator: str) -> BranchRestores:
-        """Per branch of `operator`: the job id that made it and the snapshots it restored
-        without claiming them (:data:`BranchRestores`; a restore in CLAIM mode makes the
-        snapshot the restoring job's, whose retention may subsume it). Reads the branch
-        rows' job id and origin only (one query; not their lineages)."""
-        out: BranchRestores = {}
+    def branch_origins(self, operator: str) -> dict[int, BranchOrigin]:
+        """Per branch of `operator`, what retention needs of its origin
+        (:class:`BranchOrigin`). Reads the branch rows' job id and origin only (one query;
+        not their lineages)."""
+        out: dict[int, BranchOrigin] = {}
         for bid, job, origin in self._read(
-                "read restores", f"SELECT branch_id, job_id, origin FROM {self.t_branches} "
-                "WHERE operator = ?", (operator,)):
+                "read branch origins", f"SELECT branch_id, job_id, origin FROM "
+                f"{self.t_branches} WHERE operator = ?", (operator,)):
             data = json.loads(origin or "{}")
             restored = Descriptor.from_json(data.get("tokens")) \
                 if data.get("kind") == "restore" and not data.get("claim") else None
-            out[int(bid)] = (job, tuple((t.branch, t.epoch)
-                                        for t in (restored.parts if restored else ())),
-                             bool(data.get("submission")))
+            out[int(bid)] = BranchOrigin(
+                job, tuple((t.branch, t.epoch) for t in (restored.parts if restored else ())),
+                bool(data.get("submission")), bool(data.get("retains")))
         return out
 
     def branches_of(self, operator: str) -> list[int]:

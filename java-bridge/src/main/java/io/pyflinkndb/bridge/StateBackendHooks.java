@@ -3,6 +3,7 @@ package io.pyflinkndb.bridge;
 import org.apache.flink.api.common.TaskInfo;
 import org.apache.flink.api.common.state.ListState;
 import org.apache.flink.api.common.state.ListStateDescriptor;
+import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.StateRecoveryOptions;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
@@ -416,6 +417,8 @@ final class StateBackendHooks {
                 operator.getContainingTask().getEnvironment().getJobConfiguration());
         m.put("restore_claim_mode", recovery.get(StateRecoveryOptions.RESTORE_MODE).name());
         m.put("restore_path", recovery.get(StateRecoveryOptions.SAVEPOINT_PATH));
+        m.put("externalized_retention",
+                recovery.get(CheckpointingOptions.EXTERNALIZED_CHECKPOINT_RETENTION).name());
         return Json.toJson(m);
     }
 
@@ -426,7 +429,9 @@ final class StateBackendHooks {
      * ({@code execution.state-recovery.path}, formerly {@code execution.savepoint.path}).
      * Python records both with a restore (docs/protocol.md, "Garbage collection": a snapshot
      * restored in CLAIM mode is the new job's, one restored otherwise at submission stays until
-     * released).
+     * released), and whether the job keeps its checkpoints when it ends ({@code
+     * execution.checkpointing.externalized-checkpoint-retention}: later jobs' retention leaves
+     * them to the user).
      */
     static Configuration jobOverCluster(Configuration cluster, Configuration job) {
         Configuration merged = new Configuration();
