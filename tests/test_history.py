@@ -530,8 +530,10 @@ def test_a_later_jobs_retention_leaves_an_ended_jobs_retained_checkpoints(
     restores a's newest and runs on past its own retention; a's older retained checkpoint
     must still restore (it failed with CheckpointError: b's retention subsumed it; a
     breaker's find with real jobs). With NO_EXTERNALIZED_CHECKPOINTS (Flink's default)
-    Flink deletes a's checkpoints when a ends: b's retention subsumes them as before."""
-    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    Flink deletes a's checkpoints when a ends: b's retention subsumes them as before. Of
+    a's, Flink keeps its newest num-retained (2 here: 4 and 5); the one more a's own
+    retention kept for readers (3) goes."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=2)
     a = Attempt(store, local_dir, options, job_id="a" * 32, externalized_retention=retention)
     for cp in range(1, 6):
         a.put("k", cp)
@@ -539,7 +541,8 @@ def test_a_later_jobs_retention_leaves_an_ended_jobs_retained_checkpoints(
     a.t.crash()
     a_branch = a.t.backend.protocol.branch
     assert {e for b, e in ((r.branch, r.epoch) for r in store.list_snapshots("op"))
-            if b == a_branch} == {4, 5}
+            if b == a_branch} == {3, 4, 5}
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
     b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=5,
                 externalized_retention=retention)
     for cp in range(6, 11):
@@ -551,7 +554,7 @@ def test_a_later_jobs_retention_leaves_an_ended_jobs_retained_checkpoints(
         with pytest.raises(CheckpointError, match="no longer be restored"):
             Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=4)
         return
-    assert (a_branch, 4) in listed
+    assert (a_branch, 4) in listed and (a_branch, 3) not in listed
     url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite"
            else request.getfixturevalue("mysql_url"))
     out = CliRunner().invoke(cli, ["savepoints", "--url", url, "--namespace", store.namespace,

@@ -348,6 +348,7 @@ class CheckpointProtocol:
         origin["nonce"] = self.nonce
         if s.retains_checkpoints:
             origin["retains"] = True
+            origin["retained"] = self.options.checkpoints_retained or 1
         if tokens is not None:
             self._check_restorable(mine, snapshots)
             self._check_identity(tokens)

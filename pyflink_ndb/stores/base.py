@@ -195,6 +195,9 @@ class BranchOrigin(NamedTuple):
     #: leaves them on disk for the user. False: NO_EXTERNALIZED_CHECKPOINTS (Flink deletes
     #: them when the job ends), or a branch made before 2026-12-07 (not recorded).
     retains: bool
+    #: The completed checkpoints its job retains (`checkpoints.retained`, by default
+    #: Flink's `execution.checkpointing.num-retained`); 0: not recorded.
+    retained: int = 0
 
 
 def left_to_the_user(origins: Mapping[int, BranchOrigin], snapshots: Iterable[SnapshotRow],
@@ -239,10 +242,23 @@ def retained_by_other_jobs(origins: Mapping[int, BranchOrigin],
                            snapshots: Iterable[SnapshotRow], job_id: str
                            ) -> set[tuple[int, int]]:
     """Of :func:`left_to_the_user`: the checkpoints of jobs other than `job_id` that keep
-    their checkpoints when they end (:attr:`BranchOrigin.retains`)."""
-    return {(r.branch, r.epoch) for r in snapshots
-            if r.kind != KIND_SAVEPOINT and r.job_id != job_id
-            and (o := origins.get(r.branch)) is not None and o.retains}
+    their checkpoints when they end (:attr:`BranchOrigin.retains`), as far as Flink keeps
+    them: of each such job, its newest :attr:`BranchOrigin.retained` completed checkpoints
+    and every snapshot newer than them (one whose completion the subtasks never heard of
+    may be completed in Flink). Checkpoint ids are per job, so this is per job, not per
+    key group; the one more that the job's own retention kept for readers goes."""
+    by_job: dict[str, list[SnapshotRow]] = {}
+    for r in snapshots:
+        if r.kind != KIND_SAVEPOINT and r.job_id != job_id and (
+                o := origins.get(r.branch)) is not None and o.retains:
+            by_job.setdefault(r.job_id, []).append(r)
+    kept: set[tuple[int, int]] = set()
+    for rows in by_job.values():
+        keep = min(origins[r.branch].retained for r in rows)
+        completed = sorted({r.epoch for r in rows if r.status == COMPLETED})
+        bound = completed[-keep] if keep and len(completed) >= keep else 0
+        kept |= {(r.branch, r.epoch) for r in rows if r.epoch >= bound}
+    return kept
 
 
 def state_id_for(operator: str, name: str) -> int:
@@ -1287,7 +1303,8 @@ class StateStore(ABC):
                 if data.get("kind") == "restore" and not data.get("claim") else None
             out[int(bid)] = BranchOrigin(
                 job, tuple((t.branch, t.epoch) for t in (restored.parts if restored else ())),
-                bool(data.get("submission")), bool(data.get("retains")))
+                bool(data.get("submission")), bool(data.get("retains")),
+                int(data.get("retained", 0)))
         return out
 
     def branches_of(self, operator: str) -> list[int]:
