@@ -56,6 +56,27 @@ def free_port() -> int:
 STORE_READ_METHODS = ("read_latest", "read_latest_many", "read_latest_batch", "scan_latest")
 
 
+def append_to(path: str, as_repr: bool = False) -> Any:
+    """A PyFlink `MapFunction` that appends each record to the file `path` (one line each:
+    the record, or its `repr` with `as_repr`) and passes it on: the output of a test job
+    that runs several times (a run's lines survive its cancel or failure)."""
+    from pyflink.datastream import MapFunction
+
+    class AppendTo(MapFunction):
+        def open(self, runtime_context: Any) -> None:
+            self.handle = open(path, "a")
+
+        def map(self, value: Any) -> Any:
+            self.handle.write((repr(value) if as_repr else value) + "\n")
+            self.handle.flush()
+            return value
+
+        def close(self) -> None:
+            self.handle.close()
+
+    return AppendTo()
+
+
 def thread_mode_env(parallelism: int, settings: dict[str, str] | None = None) -> Any:
     """A local (MiniCluster) `StreamExecutionEnvironment` as pyflink-ndb's Flink tests run
     it: PyFlink's thread mode on this interpreter, no restarts (a failure fails the test),

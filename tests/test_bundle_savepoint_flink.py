@@ -15,7 +15,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, thread_mode_env, unique_namespace
+from conftest import append_to, drop_namespace, thread_mode_env, unique_namespace
 from pyflink.common import Types, WatermarkStrategy
 from pyflink.datastream import (
     CheckpointingMode,
@@ -25,7 +25,6 @@ from pyflink.datastream import (
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
 from pyflink.datastream.functions import SinkFunction
 from pyflink.datastream.state import ValueStateDescriptor
-from test_switch_rescale_windows_flink import AppendTo
 
 import pyflink_ndb
 
@@ -67,7 +66,7 @@ def start(options: dict[str, str], path: Path, throttle_ms: float,
     keyed = stream.key_by(lambda r: r[0], key_type=Types.STRING())
     out = pyflink_ndb.process(keyed, Count(), output_type=Types.STRING(), uid="count",
                               options=options).set_parallelism(2)
-    out.map(AppendTo(str(path)), output_type=Types.STRING()).add_sink(
+    out.map(append_to(str(path)), output_type=Types.STRING()).add_sink(
         SinkFunction("org.apache.flink.streaming.api.functions.sink.DiscardingSink"))
     return env.execute_async("breaker-savepoint")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, thread_mode_env, unique_namespace
+from conftest import append_to, drop_namespace, thread_mode_env, unique_namespace
 from pyflink.common import Time, Types, WatermarkStrategy
 from pyflink.datastream import CheckpointingMode, KeyedProcessFunction, MapFunction
 from pyflink.datastream.connectors.number_seq import NumberSequenceSource
@@ -50,20 +50,6 @@ class Throttle(MapFunction):
         return (f"k{i % KEYS}", i)
 
 
-class AppendTo(MapFunction):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def open(self, runtime_context: Any) -> None:
-        self.handle = open(self.path, "a")
-
-    def map(self, value: Any) -> Any:
-        self.handle.write(value + "\n")
-        self.handle.flush()
-        return value
-
-    def close(self) -> None:
-        self.handle.close()
 
 
 class Count(KeyedProcessFunction):
@@ -114,7 +100,7 @@ def build(env: Any, mode: str, p: int, options: dict[str, str], path: Path,
                                   uid="count", options=options)
     else:  # "switch" (state.backend.ndb.enabled in the job's configuration) or "flink"
         out = keyed.process(Count(fail_marker), output_type=Types.STRING()).uid("count")
-    out.set_parallelism(p).map(AppendTo(str(path)), output_type=Types.STRING()) \
+    out.set_parallelism(p).map(append_to(str(path)), output_type=Types.STRING()) \
         .set_parallelism(p).add_sink(
             SinkFunction("org.apache.flink.streaming.api.functions.sink.DiscardingSink"))
 

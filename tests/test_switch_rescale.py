@@ -39,6 +39,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from conftest import append_to
 from pyflink.common import Configuration, Time, Types
 from pyflink.datastream import CheckpointingMode, MapFunction, StreamExecutionEnvironment
 from pyflink.datastream.functions import SinkFunction
@@ -132,27 +133,10 @@ def build_rescale_job(env: StreamExecutionEnvironment, flights: list[Any], p: in
     alerts = by_origin.connect(rule_source(env).broadcast(RULES)).process(DelayAlerts()) \
         .set_parallelism(p).uid("broadcast")
     outputs += [alerts, alerts.get_side_output(FIVE_HOURS_LATE)]
-    return outputs[0].union(*outputs[1:]).map(AppendTo(output)) \
+    return outputs[0].union(*outputs[1:]).map(append_to(output, as_repr=True)) \
         .add_sink(SinkFunction("org.apache.flink.streaming.api.functions.sink.DiscardingSink"))
 
 
-class AppendTo(MapFunction):
-    """The job's output (stateless, parallelism 1): each record appended to a file of its
-    run, one `repr` a line."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def open(self, runtime_context: Any) -> None:
-        self.handle = open(self.path, "a")
-
-    def map(self, value: Any) -> Any:
-        self.handle.write(repr(value) + "\n")
-        self.handle.flush()
-        return value
-
-    def close(self) -> None:
-        self.handle.close()
 
 
 def read_outputs(path: Path) -> list[Any]:

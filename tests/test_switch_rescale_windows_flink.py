@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import drop_namespace, thread_mode_env, unique_namespace
+from conftest import append_to, drop_namespace, thread_mode_env, unique_namespace
 from pyflink.datastream import CheckpointingMode, MapFunction
 from pyflink.datastream.functions import SinkFunction
 from test_switch_odd_keys_flink import build, diff, expected, make_records
@@ -42,20 +42,6 @@ class Throttle(MapFunction):
         return value
 
 
-class AppendTo(MapFunction):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def open(self, runtime_context: Any) -> None:
-        self.handle = open(self.path, "a")
-
-    def map(self, value: Any) -> Any:
-        self.handle.write(value + "\n")
-        self.handle.flush()
-        return value
-
-    def close(self) -> None:
-        self.handle.close()
 
 
 def start(records: list[Any], p: int, extra: dict[str, str], path: Path,
@@ -63,7 +49,7 @@ def start(records: list[Any], p: int, extra: dict[str, str], path: Path,
     env = thread_mode_env(1, {"pipeline.auto-watermark-interval": "0", **extra})
     env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
     build(env, records, None, p=p, throttle=Throttle(throttle_ms) if throttle_ms else None) \
-        .map(AppendTo(str(path))) \
+        .map(append_to(str(path))) \
         .add_sink(SinkFunction("org.apache.flink.streaming.api.functions.sink.DiscardingSink"))
     return env.execute_async(f"breaker-rescale-p{p}")
 
