@@ -4,7 +4,6 @@ for any MySQL client, savepoints and their release, dropping and migrating names
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +21,8 @@ from pyflink_ndb.stores.base import (
     SnapshotRow,
     StateStore,
     restored_by_other_jobs,
-    retained_by_other_jobs,
+    retained_by_other_runs,
+    utc_text,
 )
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.inspect import (
@@ -438,9 +438,6 @@ def _entry_json(entry: StateEntry) -> dict[str, Any]:
     return out
 
 
-def _when(ms: int) -> str:
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%SZ")
 
 
 def _ttl(ttl_ms: int | None) -> str:
@@ -461,9 +458,11 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
     `origins`: the operator's branch origins (`StateStore.branch_origins`), which tell the
     snapshots a job was started from and the checkpoints an ended job kept."""
     pinned = restored_by_other_jobs(origins, snapshots)
-    owner_jobs = {origins[br].job_id for br in owners if br in origins}
-    kept = retained_by_other_jobs(origins, snapshots, "") if not owner_jobs else set.union(
-        *(retained_by_other_jobs(origins, snapshots, job) for job in owner_jobs))
+    # What the retention of the key groups' current owners leaves to the user (of every
+    # owner's run, when a partial claim left owners of several runs).
+    owner_runs = {origins[br].run for br in owners if br in origins} or {""}
+    kept = set.intersection(*(retained_by_other_runs(origins, snapshots, run)
+                              for run in owner_runs))
     groups: dict[tuple[str, int, str], list[SnapshotRow]] = {}
     for r in snapshots:
         groups.setdefault((r.kind, r.epoch, r.job_id), []).append(r)
@@ -490,7 +489,7 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
                     "status": "/".join(sorted({r.status for r in rows})),
                     "subtasks": len(rows), "branches": sorted({r.branch for r in rows}),
                     "key_groups": sorted([r.kg_start, r.kg_end] for r in rows),
-                    "created": _when(min(r.created_ms for r in rows)), "note": note})
+                    "created": utc_text(min(r.created_ms for r in rows)), "note": note})
     return out
 
 

@@ -3,7 +3,7 @@ MiniCluster jobs on MariaDB). Flink 1.20 restores a retained checkpoint in NO_CL
 default (`execution.state-recovery.claim-mode`, FLIP-193): the snapshot stays the user's,
 so pyflink-ndb keeps it until `pyflink-ndb release`. In CLAIM mode the new job owns it and
 Flink deletes it once subsumed: so does pyflink-ndb's retention. The bridge reads the mode
-from the job's configuration (`StateBackendHooks.claimMode`)."""
+from the job's configuration (`StateBackendHooks.jobOverCluster`)."""
 
 from __future__ import annotations
 

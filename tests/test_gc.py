@@ -489,7 +489,7 @@ def test_background_cleanup_removes_what_a_restore_abandoned(store: StateStore,
     reads around its rows at once, and the first completed checkpoint of the new attempt
     deletes them (4 key groups: within one checkpoint's cleanup budget)."""
     options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
-    t = LocalSubtask(store, options, max_parallelism=4, local_dir=local_dir)
+    t = LocalSubtask(store, options, max_parallelism=4, local_dir=local_dir, job_id="j")
     value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
     for key in range(10):
         t.key(key)
@@ -502,7 +502,7 @@ def test_background_cleanup_removes_what_a_restore_abandoned(store: StateStore,
     t.crash()
     assert store.count_rows() == 20
     t = LocalSubtask(store, options, max_parallelism=4, restored_checkpoint_id=1,
-                     local_dir=local_dir, attempt=1)  # a task failover
+                     local_dir=local_dir, attempt=1, job_id="j")  # a task failover
     value = t.context.get_state(ValueStateDescriptor("v", Types.INT()))
     assert [s.epoch for s in store.list_snapshots("op")] == [1]  # 2 is no snapshot now
     assert store.count_rows() == 20  # a restore deletes nothing

@@ -330,14 +330,15 @@ def test_a_new_job_keeps_a_pending_checkpoint_of_the_previous_job_restorable(sto
 
 
 def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
-    a = Attempt(store, local_dir)
+    a = Attempt(store, local_dir, job_id="a" * 32)
     for k in range(200):
         a.put(k, 1)
     a.t.checkpoint(1)
     for k in range(200, 400):
         a.put(k, 2)
     a.t.snapshot(2)  # never completes
-    b = Attempt(store, local_dir, restored_checkpoint_id=1, attempt=1)  # a task failover
+    b = Attempt(store, local_dir, restored_checkpoint_id=1, attempt=1,
+                job_id="a" * 32)  # a task failover
     assert store.count_rows() == 400
     b.put("new", 3)
     b.t.checkpoint(3)
@@ -372,15 +373,16 @@ def test_a_retained_checkpoint_another_job_started_from_stays_restorable(
     caplog.clear()
     c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=2)
     assert c.get("k") == 2
-    assert f"restored checkpoint 2 of job {'a' * 32} (Flink's NO_CLAIM restore): it stays " \
-        "restorable until `pyflink-ndb release`" in caplog.text
+    assert f"restored checkpoint 2 of job {'a' * 32} without claiming it (Flink's claim " \
+        "mode NO_CLAIM or LEGACY): it stays restorable until `pyflink-ndb release`" \
+        in caplog.text
     c.t.crash()
     caplog.clear()
     # A failover of job b (attempt 1, the same job) restores b's own checkpoint 7 and
     # runs on: 7 is subsumed like any checkpoint of b, a's checkpoint 2 is not.
     b2 = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=7,
                  attempt=1)
-    assert "NO_CLAIM" not in caplog.text  # a failover restores the job's own checkpoint
+    assert "without claiming" not in caplog.text  # a failover restores its own checkpoint
     for cp in range(8, 12):
         b2.put("k", cp * 10)
         b2.t.checkpoint(cp)
@@ -568,6 +570,87 @@ def test_a_later_jobs_retention_leaves_an_ended_jobs_retained_checkpoints(
     b.t.crash()
     c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=4)
     assert c.get("k") == 4
+
+
+def _epochs_of(store, branch: int) -> set[int]:
+    return {r.epoch for r in store.list_snapshots("op") if r.branch == branch}
+
+
+def _run_a_cancelled_job(store, local_dir, job_id: str, mode: str = "RETAIN_ON_CANCELLATION",
+                         pending: bool = False) -> int:
+    """A job that keeps 2 checkpoints (Flink's num-retained 2) completes checkpoints 1-5
+    (and, with `pending`, writes 6 whose completion it never hears of) and is cancelled;
+    returns its branch."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=2)
+    a = Attempt(store, local_dir, options, job_id=job_id, externalized_retention=mode)
+    for cp in range(1, 6):
+        a.put("k", cp)
+        a.t.checkpoint(cp)
+    if pending:
+        a.put("k", 6)
+        a.t.checkpoint(6, complete=False)
+    a.t.crash()
+    return a.t.backend.protocol.branch
+
+
+@pytest.mark.parametrize("start", ["restore", "resume"])
+def test_a_fixed_job_ids_new_run_leaves_the_previous_runs_retained_checkpoints(
+        store, local_dir, start):
+    """Application mode with HA: every run has the same job id. Run 2 (restored from run
+    1's newest retained checkpoint, or resumed without one) must not subsume run 1's
+    retained checkpoints, which Flink keeps: runs, not job ids, tell whose they are (a
+    review's find: by the job id alone run 1's checkpoints were run 2's own)."""
+    job = "0" * 32
+    first = _run_a_cancelled_job(store, local_dir, job)
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1,
+                              on_fresh_start="resume")
+    extra: dict[str, Any] = ({"restored_checkpoint_id": 5,
+                              "restore_path": f"file:///c/{job}/chk-5"}
+                             if start == "restore" else {})
+    b = Attempt(store, local_dir, options, job_id=job,
+                externalized_retention="RETAIN_ON_CANCELLATION", **extra)
+    for cp in range(6, 11):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    b.t.crash()
+    assert _epochs_of(store, first) == {4, 5}
+    c = Attempt(store, local_dir, options, job_id=job, restored_checkpoint_id=4,
+                restored_tokens=None, restore_path=f"file:///c/{job}/chk-4")
+    assert c.get("k") == 4
+
+
+def test_a_new_jobs_failover_keeps_an_ended_jobs_pending_checkpoint(store, local_dir):
+    """Job a (keeps its checkpoints) wrote checkpoint 6, which Flink completed, but was
+    cancelled before it heard so: the store holds it pending. Job b starts from a's
+    checkpoint 5, and its first attempt fails before it claims: attempt 1 claims with a's
+    branch as the previous owner. A failover forgets the previous owners' pending
+    checkpoints (Flink never completed them) only for its own run: a's checkpoint 6 stays
+    restorable (a review's find)."""
+    first = _run_a_cancelled_job(store, local_dir, "a" * 32, pending=True)
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=5,
+                attempt=1)
+    b.put("k", 70)
+    b.t.checkpoint(7)
+    b.t.crash()
+    assert 6 in _epochs_of(store, first)
+    c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=6)
+    assert c.get("k") == 6
+
+
+def test_a_checkpoint_restored_in_claim_mode_goes_though_its_job_retained_it(store,
+                                                                             local_dir):
+    """A retained checkpoint restored in CLAIM mode is the new job's (Flink deletes it once
+    subsumed), even though its job kept its checkpoints when it ended: only the others of
+    them stay (a review's find: the retained-by-its-job rule kept the claimed one too)."""
+    first = _run_a_cancelled_job(store, local_dir, "a" * 32)
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=5,
+                restore_claim_mode="CLAIM")
+    for cp in range(6, 11):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    assert _epochs_of(store, first) == {4}
 
 
 def test_garbage_collection_of_many_entries_at_once(store, local_dir):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,14 +47,17 @@ class Job:
     def __init__(self, store: StateStore, parallelism: int, local_dir: str,
                  options: NdbStateOptions, tokens: tuple[str, ...] | None = None,
                  restored: int | None = None, clock: ManualClock | None = None,
-                 ttl_ms: int | None = None, attempt: int = 0) -> None:
+                 ttl_ms: int | None = None, attempt: int = 0,
+                 job_id: str | None = None) -> None:
         if tokens is not None and restored is None:
             restored = 1  # any id: the tokens identify the snapshot
+        job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"  # all subtasks' (a failover's too)
         self.ranges = key_group_ranges(parallelism)
         self.subtasks = [
             LocalSubtask(store, options, subtask_index=i, key_group_start=a, key_group_end=b,
                          restored_checkpoint_id=restored, restored_tokens=tokens,
-                         local_dir=local_dir, clock=clock, attempt=attempt)
+                         local_dir=local_dir, clock=clock, attempt=attempt,
+                         job_id=job_id)
             for i, (a, b) in enumerate(self.ranges)]
         self.states = []
         for t in self.subtasks:
@@ -299,7 +303,7 @@ def test_cleanup_spends_its_budget_on_a_large_abandoned_snapshot(store, local_di
         a.put(k, 2)
     a.snapshot(2)  # never completed: 200 abandoned rows once the job fails over
     a.crash()
-    b = Job(store, 1, local_dir, options, first, attempt=1)  # a task failover
+    b = Job(store, 1, local_dir, options, first, attempt=1, job_id=a.job_id)  # a task failover
     b.put("x", 3)
     b.checkpoint(3)  # 64 cleanup statements of 20 rows: room for 1280 rows
     b.put("x", 4)
@@ -321,7 +325,7 @@ def test_cleanup_out_of_time_leaves_the_rest_to_the_next_checkpoint(store, local
     a.crash()
     rows = store.count_rows()
     monkeypatch.setattr(protocol, "BACKGROUND_SECONDS_PER_CHECKPOINT", -1.0)
-    b = Job(store, 1, local_dir, options, first, attempt=1)
+    b = Job(store, 1, local_dir, options, first, attempt=1, job_id=a.job_id)
     b.checkpoint(3)
     assert store.count_rows() == rows  # out of time before its first statement
     assert b.get("x") == 0 and b.get("k1") is None
@@ -349,7 +353,7 @@ def test_a_snapshot_recorded_after_the_opens_first_read_is_still_forgotten(
     real = store.list_snapshots
     monkeypatch.setattr(store, "list_snapshots", lambda operator=None: [
         r for r in real(operator) if r.epoch != 2])  # the list read before 2 was recorded
-    b = Job(store, 1, local_dir, options, first, attempt=1)  # a task failover
+    b = Job(store, 1, local_dir, options, first, attempt=1, job_id=a.job_id)  # a task failover
     monkeypatch.undo()
     assert sorted(r.epoch for r in store.list_snapshots()) == [1]
     assert b.get("x") == 0

@@ -152,7 +152,7 @@ def test_a_savepoint_stays_restorable_after_a_failover_to_an_older_checkpoint(st
 def test_restoring_a_released_savepoint_or_an_abandoned_checkpoint_fails_loudly(store,
                                                                               tmp_path):
     options = NdbStateOptions(cache_max_entries=1)
-    job = LocalSubtask(store, options, local_dir=str(tmp_path / "a"))
+    job = LocalSubtask(store, options, local_dir=str(tmp_path / "a"), job_id="j")
     value = job.context.get_state(ValueStateDescriptor("v", Types.INT()))
     job.key("k")
     value.update(1)
@@ -163,7 +163,7 @@ def test_restoring_a_released_savepoint_or_an_abandoned_checkpoint_fails_loudly(
     job.checkpoint(3, complete=False)  # never completed
     job.crash()
     LocalSubtask(store, options, restored_checkpoint_id=1, attempt=1,
-                 local_dir=str(tmp_path / "b")).close()
+                 local_dir=str(tmp_path / "b"), job_id="j").close()  # a task failover
     # Checkpoint 3 never completed and the failover abandoned it: its rows are no state.
     with pytest.raises(CheckpointError, match="can no longer be restored"):
         LocalSubtask(store, options, restored_checkpoint_id=3, local_dir=str(tmp_path / "c"))

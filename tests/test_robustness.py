@@ -433,12 +433,12 @@ def test_failure_before_first_checkpoint_does_not_trip_fail_policy(store_kind, s
                                                                    local_dir):
     store = store_factory(store_kind)
     options = NdbStateOptions(cache_max_entries=1)  # on-fresh-start: fail
-    job = Job(store, options, local_dir)
+    job = Job(store, options, local_dir, job_id="j" * 32)
     for i, k in enumerate(KEYS):
         job.write(k, i)
     job.checkpoint(1, complete=False)  # written, never completed
     job.crash()
-    job = Job(store, options, local_dir, attempt=1)  # attempt 1, fresh start again
+    job = Job(store, options, local_dir, attempt=1, job_id="j" * 32)  # a fresh start again
     assert job.read_all() == Model().view()
     job.checkpoint(2)  # the first completed checkpoint cleans up what attempt 0 left
     assert store.count_rows() == 0

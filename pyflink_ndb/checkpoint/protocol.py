@@ -20,6 +20,7 @@ the task thread before the writer has any job.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -62,6 +63,7 @@ from pyflink_ndb.stores.base import (
     WriteRow,
     left_to_the_user,
     now_ms,
+    restored_by_other_jobs,
 )
 from pyflink_ndb.stores.lineage import (
     MAX_EPOCH,
@@ -116,10 +118,10 @@ class SubtaskScope:
     job_id: str = ""
     attempt: int = 0
     #: A restore at job submission in Flink's CLAIM mode (`execution.state-recovery.
-    #: claim-mode: CLAIM`): the job owns the restored snapshot, and its retention may
-    #: subsume it. False (NO_CLAIM, Flink's default; LEGACY): the snapshot stays the
-    #: user's, kept until `pyflink-ndb release` (:meth:`CheckpointProtocol.
-    #: _left_to_the_user`).
+    #: claim-mode: CLAIM`): the job owns the restored snapshot, and its retention
+    #: subsumes it (as Flink deletes it). False (NO_CLAIM, Flink's default; LEGACY): the
+    #: snapshot stays the user's, kept until `pyflink-ndb release`
+    #: (:meth:`CheckpointProtocol._left_to_the_user`).
     claims_restored: bool = False
     #: This attempt restores the retained checkpoint the job was submitted with
     #: (`BindInfo.restores_at_submission`), not one the job took itself: a new run even
@@ -130,11 +132,6 @@ class SubtaskScope:
     #: DELETE_ON_CANCELLATION): recorded in the branch's origin, so that later jobs'
     #: retention leaves them to the user (:func:`~pyflink_ndb.stores.base.left_to_the_user`).
     retains_checkpoints: bool = False
-
-
-def _utc(ms: int) -> str:
-    """A time in milliseconds since the epoch as `YYYY-MM-DD HH:MM:SSZ` (for messages)."""
-    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
 
 
 def _after_first(between: Callable[[], None]) -> Callable[[], None]:
@@ -269,6 +266,8 @@ class CheckpointProtocol:
         #: The random identity of this attempt's branch (its origin's `nonce`, and every
         #: token's): a restore checks it against the branch row it finds (:class:`Token`).
         self.nonce = secrets.token_hex(8)
+        #: The run of the job this attempt belongs to (:meth:`_run_of`).
+        self.run = ""
         self.lineage: Lineage | None = None
         self.fence: Fence | None = None
         #: Epoch of this branch's latest completed checkpoint (0: none yet).
@@ -349,18 +348,24 @@ class CheckpointProtocol:
         if s.retains_checkpoints:
             origin["retains"] = True
             origin["retained"] = self.options.checkpoints_retained or 1
+        # Origins of the restored tokens' branches (identity, run) and, after a failover,
+        # of every branch (which previous owners' pending snapshots are this run's).
+        origins = (self.store.branch_origins(s.operator) if s.attempt > 0 and not reset
+                   else self.store.branch_origins(s.operator, {t.branch for t in mine})
+                   if tokens else {})
         if tokens is not None:
+            self._check_identity(mine, origins)
             self._check_restorable(mine, snapshots)
-            self._check_identity(tokens)
             parents = self._load_lineages({t.branch for t in mine})
             unnamed = lineage_from_tokens(0, s.key_group_start, s.key_group_end, mine, parents)
         else:
             unnamed = fresh_lineage(0, s.key_group_start, s.key_group_end)
+        self.run = origin["run"] = self._run_of(origin, mine, snapshots, origins)
 
         def abandoned(before: OwnerMap, branch: int, rows: list[SnapshotRow]
                       ) -> list[tuple[int, int]]:
             return self._abandoned(rows, before, reset,
-                                   dataclasses.replace(unnamed, branch=branch))
+                                   dataclasses.replace(unnamed, branch=branch), origins)
 
         # One transaction allocates the branch, claims the key groups and forgets the
         # snapshots the claim abandons (StateStore.claim_new_branch: one commit). The
@@ -395,15 +400,14 @@ class CheckpointProtocol:
         log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s) "
                  "in %.0f ms", s.operator, s.subtask_index, s.attempt, s.key_group_start,
                  s.key_group_end, self.branch, origin["kind"], self.restore_ms)
-        if (restored is not None and origin["kind"] == "restore" and s.subtask_index == 0
-                and not s.claims_restored):
+        if restored is not None and s.subtask_index == 0 and restored_by_other_jobs(
+                {self.branch: BranchOrigin.parse(s.job_id, json.dumps(origin))}, snapshots):
             taken_by = {r.job_id for r in snapshots
-                        if (r.branch, r.epoch) in {(t.branch, t.epoch) for t in tokens or ()}}
-            if s.restores_at_submission or taken_by - {s.job_id}:
-                log.info("pyflink-ndb %s: restored checkpoint %d of job %s (Flink's NO_CLAIM "
-                         "restore): it stays restorable until `pyflink-ndb release` (listed "
-                         "by `pyflink-ndb savepoints --all`)", s.operator,
-                         restored.checkpoint_id, ", ".join(sorted(taken_by)))
+                        if (r.branch, r.epoch) in {(t.branch, t.epoch) for t in restored.parts}}
+            log.info("pyflink-ndb %s: restored checkpoint %d of job %s without claiming it "
+                     "(Flink's claim mode NO_CLAIM or LEGACY): it stays restorable until "
+                     "`pyflink-ndb release` (listed by `pyflink-ndb savepoints --all`)",
+                     s.operator, restored.checkpoint_id, ", ".join(sorted(taken_by)))
 
     def _check_restorable(self, tokens: Sequence[Token], snapshots: Sequence[SnapshotRow]
                           ) -> None:
@@ -419,43 +423,63 @@ class CheckpointProtocol:
                     "be gone. Restore a snapshot that is still restorable: `pyflink-ndb "
                     "savepoints --all` lists them, with the checkpoint id and job of each.")
 
-    def _check_identity(self, tokens: Sequence[Token]) -> None:
-        """Every restored token that carries its branch's nonce names a branch of this
-        namespace with that nonce: not a branch of the same number in another namespace or
-        database, nor in this one after it was dropped and used again (branch ids count
-        from 1 in each). Checked for every subtask's token, as `_check_restorable`.
+    def _check_identity(self, mine: Sequence[Token], origins: Mapping[int, BranchOrigin]
+                        ) -> None:
+        """Each of this subtask's restored tokens that carries its branch's nonce names a
+        branch of this namespace with that nonce: not a branch of the same number in
+        another database's or namespace's history, nor in this namespace's before it was
+        dropped and used again (branch ids count from 1 in each). Every token is some
+        subtask's own, so every one is checked. Checked before the snapshot rows: a
+        snapshot of another history most often has no row of its numbers here, and
+        "subsumed or released" would send its user to the wrong place.
 
+        :param origins: :meth:`StateStore.branch_origins` of at least `mine`'s branches.
         :raises CheckpointError: a token's branch has another nonce, or none."""
-        branches = {t.branch for t in tokens if t.nonce is not None}
-        if not branches:
-            return  # tokens written before the nonce: not checked
-        rows = self.store.load_branches(branches)
-        for token in tokens:
+        for token in mine:
             if token.nonce is None:
-                continue
-            row = rows.get(token.branch)
-            found = json.loads(row.origin or "{}").get("nonce") if row is not None else None
-            if found != token.nonce:
+                continue  # written before the nonce: not checked
+            origin = origins.get(token.branch)
+            if origin is None or origin.nonce != token.nonce:
+                made = "" if origin is None else (
+                    f" (its branch {token.branch} there was made by job {origin.job_id})")
                 raise CheckpointError(
                     f"The restored snapshot (checkpoint {token.epoch} of branch "
                     f"{token.branch}) of operator {self.scope.operator!r} was not taken in "
-                    f"{self.store.describe()} namespace {self.store.namespace!r}"
-                    + ("" if row is None else
-                       f" (its branch {token.branch} there was made by job {row.job_id} at "
-                       f"{_utc(row.created_ms)})")
-                    + ": the job points at another namespace or database than the job "
-                    "that took it, or the namespace was dropped and used again since. "
-                    "Restore it with the state.backend.ndb.url and namespace of the job "
-                    "that took it; if that namespace was dropped, its state is gone: start "
-                    "without the checkpoint (or from a later one).")
+                    f"{self.store.describe()} namespace {self.store.namespace!r}{made}: "
+                    "the job points at another database or namespace than the job that "
+                    "took it, or the namespace was dropped and used again since. Restore "
+                    "it with the state.backend.ndb.url and namespace of the job that took "
+                    "it; if that namespace was dropped, its state is gone: start without "
+                    "the checkpoint (or from a later one).")
+
+    def _run_of(self, origin: Mapping[str, object], mine: Sequence[Token],
+                snapshots: Sequence[SnapshotRow], origins: Mapping[int, BranchOrigin]) -> str:
+        """The run of the job that this attempt's branch belongs to
+        (:attr:`~pyflink_ndb.stores.base.BranchOrigin.run`): a failover (a restore of this
+        job's own checkpoint, not the one it was submitted with) continues the run of the
+        branches it restores; anything else starts a run, named after the job and where it
+        started, so that the attempts of one run agree (a failover before the run's first
+        completed checkpoint restores its starting point again)."""
+        s = self.scope
+        keys = {(t.branch, t.epoch) for t in mine}
+        if origin["kind"] == "restore" and not s.restores_at_submission and keys and {
+                r.job_id for r in snapshots if (r.branch, r.epoch) in keys} == {s.job_id}:
+            runs = {origins[b].run for b, _ in keys if b in origins}
+            if len(runs) == 1:
+                return runs.pop()
+        start = json.dumps([s.job_id, origin["kind"], origin.get("tokens")])
+        return hashlib.sha1(start.encode()).hexdigest()[:16]
 
     def _abandoned(self, snapshots: Sequence[SnapshotRow], before: OwnerMap, reset: bool,
-                   lineage: Lineage) -> list[tuple[int, int]]:
+                   lineage: Lineage, origins: Mapping[int, BranchOrigin]
+                   ) -> list[tuple[int, int]]:
         """Snapshots (branch, epoch) that a claim with `lineage` makes unrestorable: with
         truncate every snapshot of the operator; after a task failover (attempt >= 1) the
         pending checkpoints of the previous owners (`before`) of these key groups that the
-        new lineage does not contain — a failover restores the job's latest completed
-        checkpoint, so Flink never completed them."""
+        new lineage does not contain and that belong to this run (`origins`: every
+        branch's) — a failover restores the run's latest completed checkpoint, so Flink
+        never completed them. A previous owner of another run (this job's first attempt
+        failed before it claimed) may have a pending checkpoint Flink completed and keeps."""
         s = self.scope
         if reset:
             return [(r.branch, r.epoch) for r in snapshots]
@@ -468,7 +492,8 @@ class CheckpointProtocol:
                     if b >= s.key_group_start and a <= s.key_group_end}
         return [(r.branch, r.epoch) for r in snapshots
                 if r.branch in previous and r.status == PENDING
-                and r.kind != KIND_SAVEPOINT and not self._in_lineage(r, lineage)]
+                and r.kind != KIND_SAVEPOINT and not self._in_lineage(r, lineage)
+                and (o := origins.get(r.branch)) is not None and o.run == self.run]
 
     def _in_lineage(self, snap: SnapshotRow, lineage: Lineage) -> bool:
         """True when the snapshot's own versions are visible to `lineage`'s head in the
@@ -930,7 +955,7 @@ class CheckpointProtocol:
         origin holds every subtask's tokens)."""
         if not self._origins:
             self._origins = self.wstore.branch_origins(self.scope.operator)
-        return left_to_the_user(self._origins, snapshots, self.scope.job_id)
+        return left_to_the_user(self._origins, snapshots, self.run)
 
     def _views(self, key_group: int, protected: Sequence[SnapshotRow]) -> list[Ranges]:
         assert self.lineage is not None

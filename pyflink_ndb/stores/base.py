@@ -180,85 +180,112 @@ class BranchRow:
 
 
 class BranchOrigin(NamedTuple):
-    """What retention needs of one branch row's origin (:meth:`StateStore.branch_origins`)."""
+    """What a restore and retention need of one branch row's origin
+    (:meth:`StateStore.branch_origins`)."""
 
     #: The job that made the branch.
     job_id: str
+    #: The run of its job that the branch belongs to: a job started (fresh, resumed,
+    #: truncated, or restored at submission) and its failovers. Jobs with a fixed job id
+    #: (application mode with HA) have several runs under one id. Branches made before
+    #: 2026-12-07 record none: their job id stands for it.
+    run: str
     #: The snapshots (branch, epoch) it restored without claiming them: empty for a fresh
     #: start, `resume`, `truncate` and a restore in Flink's CLAIM mode.
     restored: tuple[tuple[int, int], ...]
+    #: The snapshots it restored in Flink's CLAIM mode: the restoring job owns them.
+    claimed: tuple[tuple[int, int], ...]
     #: The restore was of the retained checkpoint the job was submitted with
     #: (`execution.state-recovery.path`): a new run, also under the same job id.
     submitted: bool
     #: Its job keeps its checkpoints when it ends (`execution.checkpointing.externalized-
     #: checkpoint-retention` RETAIN_ON_CANCELLATION or DELETE_ON_CANCELLATION): Flink
-    #: leaves them on disk for the user. False: NO_EXTERNALIZED_CHECKPOINTS (Flink deletes
-    #: them when the job ends), or a branch made before 2026-12-07 (not recorded).
+    #: leaves them on disk for the user when it is cancelled (or fails). False:
+    #: NO_EXTERNALIZED_CHECKPOINTS (Flink deletes them when the job ends), or a branch
+    #: made before 2026-12-07 (not recorded).
     retains: bool
     #: The completed checkpoints its job retains (`checkpoints.retained`, by default
     #: Flink's `execution.checkpointing.num-retained`); 0: not recorded.
-    retained: int = 0
+    retained: int
+    #: The branch's random identity, which its snapshots' tokens carry (None: not
+    #: recorded, before 2026-12-07).
+    nonce: str | None
+
+    @staticmethod
+    def parse(job_id: str, origin: str | None) -> BranchOrigin:
+        """The origin JSON text of a branch row made by `job_id`."""
+        data = json.loads(origin or "{}")
+        restored = Descriptor.from_json(data.get("tokens")) \
+            if data.get("kind") == "restore" else None
+        keys = tuple((t.branch, t.epoch) for t in (restored.parts if restored else ()))
+        claim = bool(data.get("claim"))
+        return BranchOrigin(job_id, str(data.get("run") or job_id),
+                            () if claim else keys, keys if claim else (),
+                            bool(data.get("submission")), bool(data.get("retains")),
+                            int(data.get("retained", 0)), data.get("nonce"))
 
 
 def left_to_the_user(origins: Mapping[int, BranchOrigin], snapshots: Iterable[SnapshotRow],
-                     job_id: str) -> set[tuple[int, int]]:
-    """The snapshots (branch, epoch) of `snapshots` that the retention of job `job_id`
-    must not drop, as it drops its own subsumed checkpoints: Flink never deletes them for
-    that job, so they stay restorable until `pyflink-ndb release`
-    (`CheckpointProtocol.protected_snapshots`; docs/protocol.md, "Garbage collection").
+                     run: str) -> set[tuple[int, int]]:
+    """The snapshots (branch, epoch) of `snapshots` that the retention of run `run` (a
+    :attr:`BranchOrigin.run`) must not drop, as it drops its own subsumed checkpoints:
+    Flink never deletes them for that run, so they stay restorable until `pyflink-ndb
+    release` (`CheckpointProtocol.protected_snapshots`; docs/protocol.md, "Garbage
+    collection").
 
     * A snapshot that a job other than the one that took it restored, or a new run of the
-      same job id restored at submission: a savepoint's or a retained checkpoint's restore
-      at job submission (`execution.savepoint.path`, `flink run -s`), as opposed to a
-      failover, which restores the job's own checkpoint. Flink 1.20 restores it in
-      NO_CLAIM mode by default (`execution.state-recovery.claim-mode`, FLIP-193): it stays
-      the user's and several jobs may start from it (found by a new user). A restore in
-      CLAIM mode makes it the new job's (not listed in :attr:`BranchOrigin.restored`).
-    * A checkpoint of another job that keeps its checkpoints when it ends
-      (:attr:`BranchOrigin.retains`): a cancelled job's retained checkpoints stay on
-      Flink's disk, restorable, whatever later jobs do (found by a breaker: a later job
-      that resumed or restored in that history subsumed them, and restoring the cancelled
-      job's older retained checkpoint failed).
+      same job id restored at submission (:func:`restored_by_other_jobs`).
+    * A checkpoint of another run whose job keeps its checkpoints when it ends
+      (:func:`retained_by_other_runs`).
 
     :param origins: :meth:`StateStore.branch_origins` of the operator.
     :param snapshots: the operator's snapshot rows.
-    :param job_id: the job whose retention asks.
+    :param run: the run whose retention asks.
     """
     snapshots = list(snapshots)
     return (restored_by_other_jobs(origins, snapshots)
-            | retained_by_other_jobs(origins, snapshots, job_id))
+            | retained_by_other_runs(origins, snapshots, run))
 
 
 def restored_by_other_jobs(origins: Mapping[int, BranchOrigin],
                            snapshots: Iterable[SnapshotRow]) -> set[tuple[int, int]]:
-    """Of :func:`left_to_the_user`: the snapshots a job other than the one that took them
-    (or a new run of a fixed job id) restored without claiming them."""
+    """Of :func:`left_to_the_user`: the snapshots that a job other than the one that took
+    them, or a new run of a fixed job id, restored without claiming them: a savepoint's or
+    a retained checkpoint's restore at job submission (`execution.savepoint.path`, `flink
+    run -s`), as opposed to a failover, which restores the job's own checkpoint. Flink 1.20
+    restores them in NO_CLAIM mode by default (`execution.state-recovery.claim-mode`,
+    FLIP-193): the snapshot stays the user's and several jobs may start from it (found by
+    a new user: a second restore of one retained checkpoint failed). A restore in CLAIM
+    mode makes it the new job's (:attr:`BranchOrigin.claimed`)."""
     job_of = {(r.branch, r.epoch): r.job_id for r in snapshots}
     return {key for o in origins.values() for key in o.restored
             if key in job_of and (o.submitted or job_of[key] != o.job_id)}
 
 
-def retained_by_other_jobs(origins: Mapping[int, BranchOrigin],
-                           snapshots: Iterable[SnapshotRow], job_id: str
+def retained_by_other_runs(origins: Mapping[int, BranchOrigin],
+                           snapshots: Iterable[SnapshotRow], run: str
                            ) -> set[tuple[int, int]]:
-    """Of :func:`left_to_the_user`: the checkpoints of jobs other than `job_id` that keep
-    their checkpoints when they end (:attr:`BranchOrigin.retains`), as far as Flink keeps
-    them: of each such job, its newest :attr:`BranchOrigin.retained` completed checkpoints
-    and every snapshot newer than them (one whose completion the subtasks never heard of
-    may be completed in Flink). Checkpoint ids are per job, so this is per job, not per
-    key group; the one more that the job's own retention kept for readers goes."""
-    by_job: dict[str, list[SnapshotRow]] = {}
+    """Of :func:`left_to_the_user`: the checkpoints of runs other than `run` whose job
+    keeps its checkpoints when it ends (:attr:`BranchOrigin.retains`), as far as Flink
+    keeps them: of each such run, its newest :attr:`BranchOrigin.retained` completed
+    checkpoints and every snapshot newer than them (one whose completion the subtasks never
+    heard of may be completed in Flink); not one a later job restored in CLAIM mode (Flink
+    deletes it once that job subsumes it). Checkpoint ids are per job, so this is per run,
+    not per key group; the one more that the run's own retention kept for readers goes.
+    Found by a breaker: a later job that resumed or restored in a cancelled job's history
+    subsumed the cancelled job's retained checkpoints, and restoring one of them failed."""
+    by_run: dict[str, list[SnapshotRow]] = {}
     for r in snapshots:
-        if r.kind != KIND_SAVEPOINT and r.job_id != job_id and (
-                o := origins.get(r.branch)) is not None and o.retains:
-            by_job.setdefault(r.job_id, []).append(r)
+        o = origins.get(r.branch)
+        if o is not None and o.retains and o.run != run and r.kind != KIND_SAVEPOINT:
+            by_run.setdefault(o.run, []).append(r)
     kept: set[tuple[int, int]] = set()
-    for rows in by_job.values():
+    for rows in by_run.values():
         keep = min(origins[r.branch].retained for r in rows)
         completed = sorted({r.epoch for r in rows if r.status == COMPLETED})
         bound = completed[-keep] if keep and len(completed) >= keep else 0
         kept |= {(r.branch, r.epoch) for r in rows if r.epoch >= bound}
-    return kept
+    return kept - {key for o in origins.values() for key in o.claimed}
 
 
 def state_id_for(operator: str, name: str) -> int:
@@ -280,6 +307,11 @@ def prefix_upper_bound(prefix: bytes) -> bytes | None:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def utc_text(ms: int) -> str:
+    """A time in milliseconds since the epoch as `YYYY-MM-DD HH:MM:SSZ` (messages, CLI)."""
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
 
 
 def visible(column: str, ranges: Ranges) -> tuple[str, list[int]]:
@@ -1290,21 +1322,28 @@ class StateStore(ABC):
                                           op, origin, job, int(sub), int(att), int(created))
         return out
 
-    def branch_origins(self, operator: str) -> dict[int, BranchOrigin]:
-        """Per branch of `operator`, what retention needs of its origin
-        (:class:`BranchOrigin`). Reads the branch rows' job id and origin only (one query;
-        not their lineages)."""
+    def branch_origins(self, operator: str, branch_ids: Iterable[int] | None = None
+                       ) -> dict[int, BranchOrigin]:
+        """Per branch of `operator` (or of `branch_ids` only), what a restore and
+        retention need of its origin (:class:`BranchOrigin`). Reads the branch rows' job id
+        and origin only (not their lineages)."""
         out: dict[int, BranchOrigin] = {}
-        for bid, job, origin in self._read(
+        rows: list[tuple[Any, ...]]
+        if branch_ids is None:
+            rows = self._read(
                 "read branch origins", f"SELECT branch_id, job_id, origin FROM "
-                f"{self.t_branches} WHERE operator = ?", (operator,)):
-            data = json.loads(origin or "{}")
-            restored = Descriptor.from_json(data.get("tokens")) \
-                if data.get("kind") == "restore" and not data.get("claim") else None
-            out[int(bid)] = BranchOrigin(
-                job, tuple((t.branch, t.epoch) for t in (restored.parts if restored else ())),
-                bool(data.get("submission")), bool(data.get("retains")),
-                int(data.get("retained", 0)))
+                f"{self.t_branches} WHERE operator = ?", (operator,))
+        else:
+            ids = sorted(set(branch_ids))
+            rows = []
+            for start in range(0, len(ids), 500):
+                part = ids[start:start + 500]
+                rows += self._read(
+                    "read branch origins", f"SELECT branch_id, job_id, origin FROM "
+                    f"{self.t_branches} WHERE branch_id IN ({', '.join('?' for _ in part)})",
+                    part)
+        for bid, job, origin in rows:
+            out[int(bid)] = BranchOrigin.parse(job, origin)
         return out
 
     def branches_of(self, operator: str) -> list[int]:
