@@ -458,6 +458,7 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
     `origins`: the operator's branch origins (`StateStore.branch_origins`), which tell the
     snapshots a job was started from and the checkpoints an ended job kept."""
     pinned = restored_by_other_jobs(origins, snapshots)
+    claimed = {key for o in origins.values() for key in o.claimed}
     # What the retention of the key groups' current owners leaves to the user (of every
     # owner's run, when a partial claim left owners of several runs).
     owner_runs = {origins[br].run for br in owners if br in origins} or {""}
@@ -473,6 +474,8 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
             note = "readers see it"
         elif any(r.status != "completed" for r in rows):
             note = "pending (not completed)"
+        elif keys & claimed and not keys & pinned:
+            note = "claimed by the job started from it (goes once that job subsumes it)"
         elif kind == "savepoint":
             note = "pinned until released"
         elif keys & pinned:

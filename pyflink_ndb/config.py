@@ -430,6 +430,15 @@ def _did_you_mean(key: str) -> str:
 FLINK_RETAINED_KEYS = ("execution.checkpointing.num-retained", "state.checkpoints.num-retained")
 
 
+def flink_retained(source: Mapping[str, Any]) -> Any:
+    """Flink's number of retained checkpoints in one mapping of Flink keys (the 1.20 name
+    over the deprecated one, :data:`FLINK_RETAINED_KEYS`), or None when it sets neither."""
+    for key in FLINK_RETAINED_KEYS:
+        if source.get(key) is not None:
+            return source[key]
+    return None
+
+
 def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
     """Build options from mappings of Flink keys; later sources override earlier ones.
 
@@ -441,11 +450,11 @@ def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
         known ones) or a value of the wrong kind.
     """
     values: dict[str, Any] = {}
-    flink_retained: Any = None
+    retained_by_flink: Any = None
     for source in sources:
-        for old_key in reversed(FLINK_RETAINED_KEYS):
-            if source.get(old_key) is not None:
-                flink_retained = source[old_key]
+        in_source = flink_retained(source)
+        if in_source is not None:
+            retained_by_flink = in_source
         for key, raw in source.items():
             if key in FLINK_RETAINED_KEYS or not key.startswith(PREFIX):
                 continue
@@ -458,9 +467,9 @@ def from_flink_keys(*sources: Mapping[str, Any]) -> NdbStateOptions:
             if raw is None:
                 continue  # not set: the default (or an earlier source) stays
             values[spec.field] = _convert(spec, raw)
-    if values.get("checkpoints_retained") is None and flink_retained is not None:
+    if values.get("checkpoints_retained") is None and retained_by_flink is not None:
         values["checkpoints_retained"] = _convert(_BY_KEY["checkpoints.retained"],
-                                                  flink_retained)
+                                                  retained_by_flink)
     return NdbStateOptions(**values)
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pyflink_ndb.config import from_flink_keys
+from pyflink_ndb.errors import ConfigurationError
 from pyflink_ndb.runtime.bridge import parse_bind_info
 
 BASE = {"operator_id": "abc", "subtask_index": 1, "parallelism": 2, "max_parallelism": 128,
@@ -37,3 +40,30 @@ def test_the_client_default_url_applies_only_when_nobody_sets_one():
     assert from_flink_keys(keys).url == "sqlite:////tmp/default.sqlite"
     keys, info = bind({}, {})
     assert "state.backend.ndb.url" not in keys and info.operator == "abc"
+
+
+def test_flinks_retained_count_is_the_largest_the_job_and_the_cluster_say():
+    """Flink's JobManager keeps as many retained checkpoints as its own configuration says
+    (the job's `-Dexecution.checkpointing.num-retained` is not read there): a breaker on a
+    cluster of num-retained 3 ran a job with 1, and pyflink-ndb kept 1 + 1, so the oldest
+    checkpoint Flink kept could not be restored. The default of `checkpoints.retained` is
+    now the largest of the TaskManager's, the job's and the client's values."""
+    cluster = {"execution.checkpointing.num-retained": "3"}
+    job = {"state.checkpoints.num-retained": "1"}
+    raw = {**BASE, "options": json.dumps(job), "cluster_options": cluster,
+           "job_options": {"execution.checkpointing.num-retained": "2"}}
+    keys, _ = parse_bind_info(json.dumps(raw))
+    assert from_flink_keys(keys).checkpoints_retained == 3
+    keys, _ = bind({"execution.checkpointing.num-retained": "4"}, cluster)
+    assert from_flink_keys(keys).checkpoints_retained == 4
+    keys, _ = bind({"state.backend.ndb.checkpoints.retained": "2"}, cluster)
+    assert from_flink_keys(keys).checkpoints_retained == 2  # the package's own key decides
+    keys, _ = bind({}, {})
+    assert from_flink_keys(keys).checkpoints_retained is None
+
+
+def test_a_retained_count_that_is_no_number_is_refused_by_name():
+    keys, _ = bind({"execution.checkpointing.num-retained": "many"},
+                   {"execution.checkpointing.num-retained": "3"})
+    with pytest.raises(ConfigurationError, match="checkpoints.retained"):
+        from_flink_keys(keys)

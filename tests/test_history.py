@@ -653,6 +653,30 @@ def test_a_checkpoint_restored_in_claim_mode_goes_though_its_job_retained_it(sto
     assert _epochs_of(store, first) == {4}
 
 
+def test_a_savepoint_restored_in_claim_mode_is_subsumed_like_a_checkpoint(store, local_dir):
+    """`flink run -s SAVEPOINT -claimMode CLAIM`: the new job owns the savepoint and Flink
+    deletes it once the job's checkpoints subsume it; it stayed pinned here (a breaker's
+    find on a cluster). Restored without claiming, a savepoint stays until released."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    a = Attempt(store, local_dir, options, job_id="a" * 32)
+    a.put("k", 1)
+    a.t.snapshot(2, is_savepoint=True)
+    a.put("k", 2)
+    a.t.snapshot(3, is_savepoint=True)
+    a.t.crash()
+    a_branch = a.t.backend.protocol.branch
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=2)
+    b.t.checkpoint(4)
+    b.t.crash()
+    c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=3,
+                restore_claim_mode="CLAIM")
+    assert c.get("k") == 2
+    for cp in range(4, 8):
+        c.put("k", cp)
+        c.t.checkpoint(cp)
+    assert _epochs_of(store, a_branch) == {2}  # 3 claimed and subsumed; 2 still b's pin
+
+
 def test_garbage_collection_of_many_entries_at_once(store, local_dir):
     """Statements naming entries one by one stay within the store's limits (SQLite allows
     an expression depth of 1000)."""

@@ -912,7 +912,12 @@ class CheckpointProtocol:
         # counts in its chain (it bounds what stays) but is never dropped by retention, as
         # a savepoint (_left_to_the_user).
         unclaimed = self._left_to_the_user(every)
-        candidates = [r for r in rows if r.kind != KIND_SAVEPOINT]
+        # A savepoint stays until released, unless a job restored it in CLAIM mode: that
+        # job owns it and Flink deletes it once subsumed (a breaker's find on a cluster:
+        # `flink run -s SAVEPOINT -claimMode CLAIM` left it pinned).
+        claimed = {key for o in self._origins.values() for key in o.claimed}
+        candidates = [r for r in rows
+                      if r.kind != KIND_SAVEPOINT or (r.branch, r.epoch) in claimed]
         edges = self._edges([self.lineage], candidates)
         dropped: dict[tuple[int, int], bool] = {}
         for a in edges[:-1]:

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any
 
-from pyflink_ndb.config import PREFIX, from_flink_keys
+from pyflink_ndb.config import FLINK_RETAINED_KEYS, PREFIX, flink_retained, from_flink_keys
 from pyflink_ndb.cpu_pin import (
     cpu_of_setting,
     pin_python_threads,
@@ -67,6 +67,21 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
                                             "NO_EXTERNALIZED_CHECKPOINTS")),
     )
     merged = {**cluster, **job_options}
+    # Flink's JobManager keeps as many retained checkpoints as its own configuration says
+    # (a job's -Dexecution.checkpointing.num-retained is not read there); the TaskManager's
+    # configuration stands for it, and the job's may differ: the default of
+    # `checkpoints.retained` is the largest, so that no checkpoint Flink keeps is subsumed
+    # (a breaker's find on a cluster: a job-level 1 under a cluster-level 3 lost chk-13).
+    retained = [flink_retained(source) for source in (
+        info.get("cluster_options") or {}, info.get("job_options") or {}, job_options)]
+    for key in FLINK_RETAINED_KEYS:
+        merged.pop(key, None)
+    given = [r for r in retained if r is not None]
+    if given:
+        numbers = [int(r) for r in given if str(r).strip().isdigit()]
+        # A value that is no number goes on as given: from_flink_keys refuses it by name.
+        merged[FLINK_RETAINED_KEYS[0]] = max(numbers) if len(numbers) == len(given) else next(
+            r for r in given if not str(r).strip().isdigit())
     if default_url and PREFIX + "url" not in merged:
         merged[PREFIX + "url"] = default_url
     return merged, bind
