@@ -438,8 +438,6 @@ def _entry_json(entry: StateEntry) -> dict[str, Any]:
     return out
 
 
-
-
 def _ttl(ttl_ms: int | None) -> str:
     if ttl_ms is None:
         return "-"
