@@ -347,6 +347,19 @@ def test_rows_of_abandoned_branches_and_epochs_disappear(store, local_dir):
 
 
 
+def _savepoint_notes(store: StateStore, store_kind: str, tmp_path: Any,
+                     request: pytest.FixtureRequest) -> dict[tuple[str, int], str]:
+    """`pyflink-ndb savepoints --all` of `store`'s namespace: each snapshot's note by (the
+    first letter of its job id, its checkpoint id)."""
+    url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite"
+           else request.getfixturevalue("mysql_url"))
+    out = CliRunner().invoke(cli, ["savepoints", "--url", url, "--namespace", store.namespace,
+                                   "--all", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    return {(r["job"][0], r["checkpoint"]): r["note"]
+            for r in map(json.loads, out.stdout.splitlines())}
+
+
 def test_a_retained_checkpoint_another_job_started_from_stays_restorable(
         store, local_dir, store_kind, tmp_path, request, caplog):
     """Flink 1.20 restores a savepoint or retained checkpoint at job submission in NO_CLAIM
@@ -390,13 +403,7 @@ def test_a_retained_checkpoint_another_job_started_from_stays_restorable(
     assert (b_branch, 7) not in listed
     assert (a.t.backend.protocol.branch, 2) in listed
     # `pyflink-ndb savepoints --all` says why it stays (read from the branches' origins).
-    url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite"
-           else request.getfixturevalue("mysql_url"))
-    out = CliRunner().invoke(cli, ["savepoints", "--url", url, "--namespace", store.namespace,
-                                   "--all", "--format", "json"])
-    assert out.exit_code == 0, out.output
-    notes = {(r["job"][0], r["checkpoint"]): r["note"]
-             for r in map(json.loads, out.stdout.splitlines())}
+    notes = _savepoint_notes(store, store_kind, tmp_path, request)
     assert notes[("a", 2)] == "pinned until released (a job was started from it)"
     assert not any(note.startswith("pinned") for key, note in notes.items() if key != ("a", 2))
     with pytest.raises(CheckpointError, match="savepoints --all"):
@@ -557,13 +564,7 @@ def test_a_later_jobs_retention_leaves_an_ended_jobs_retained_checkpoints(
             Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=4)
         return
     assert (a_branch, 4) in listed and (a_branch, 3) not in listed
-    url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite"
-           else request.getfixturevalue("mysql_url"))
-    out = CliRunner().invoke(cli, ["savepoints", "--url", url, "--namespace", store.namespace,
-                                   "--all", "--format", "json"])
-    assert out.exit_code == 0, out.output
-    notes = {(r["job"][0], r["checkpoint"]): r["note"]
-             for r in map(json.loads, out.stdout.splitlines())}
+    notes = _savepoint_notes(store, store_kind, tmp_path, request)
     assert notes[("a", 4)] == \
         "kept until released (its job retains its checkpoints when it ends)"
     assert notes[("a", 5)] == "pinned until released (a job was started from it)"

@@ -169,6 +169,23 @@ def job_checkpoints(ckpt_dir: Path, client: Any) -> dict[int, Path]:
     return {n: p for n, p in completed_checkpoints(ckpt_dir).items() if p.parent.name == job}
 
 
+def savepoint_then_cancel(mode: str, ns: str, url: str, tmp_path: Path, ckpt: Path
+                          ) -> tuple[str, int]:
+    """Job A (parallelism 1, retained 50, output a.txt) runs to checkpoint 3, takes a
+    savepoint and is cancelled; returns the savepoint's path and checkpoint id."""
+    a = start(mode, 1, ns, url, tmp_path / "a.txt", records=RECORDS,
+              throttle_ms=4.0, ckpt_dir=ckpt, retained=50)
+    try:
+        run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
+        sp = a.trigger_savepoint(str(tmp_path / "sp")).result()
+        sp_id = max(job_checkpoints(ckpt, a)) + 1
+    except BaseException:
+        cancel(a)
+        raise
+    cancel(a)
+    return sp, sp_id
+
+
 def run_until_checkpoint(client: Any, ckpt_dir: Path, n: int, path: Path,
                          timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
@@ -395,16 +412,7 @@ def test_old_savepoint_after_the_namespace_was_dropped_and_used_again(
     ns = unique_namespace("brkd")
     ckpt = tmp_path / "ckpt"
     try:
-        a = start(mode, 1, ns, mysql_url, tmp_path / "a.txt", records=RECORDS,
-                  throttle_ms=4.0, ckpt_dir=ckpt, retained=50)
-        try:
-            run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
-            sp = a.trigger_savepoint(str(tmp_path / "sp")).result()
-            sp_id = max(job_checkpoints(ckpt, a)) + 1
-        except BaseException:
-            cancel(a)
-            raise
-        cancel(a)
+        sp, sp_id = savepoint_then_cancel(mode, ns, mysql_url, tmp_path, ckpt)
         if mode != "flink":
             out = cli("drop", "--url", mysql_url, "--namespace", ns, "--yes")
             assert out.exit_code == 0, out.output
@@ -432,16 +440,7 @@ def test_savepoint_restored_into_another_namespace_of_the_same_database(tmp_path
     nx, ny = unique_namespace("brkx"), unique_namespace("brky")
     ckpt = tmp_path / "ckpt"
     try:
-        a = start("process", 1, nx, mysql_url, tmp_path / "a.txt", records=RECORDS,
-                  throttle_ms=4.0, ckpt_dir=ckpt, retained=50)
-        try:
-            run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
-            sp = a.trigger_savepoint(str(tmp_path / "sp")).result()
-            sp_id = max(job_checkpoints(ckpt, a)) + 1
-        except BaseException:
-            cancel(a)
-            raise
-        cancel(a)
+        sp, sp_id = savepoint_then_cancel("process", nx, mysql_url, tmp_path, ckpt)
         y = start("process", 1, ny, mysql_url, tmp_path / "y.txt", records=RECORDS,
                   throttle_ms=1.0, ckpt_dir=ckpt, retained=50)
         run_until_checkpoint(y, ckpt, sp_id + 2, tmp_path / "y.txt")
