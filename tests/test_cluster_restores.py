@@ -276,6 +276,21 @@ def cancel(jid: str) -> None:
     wait_state(jid, {"CANCELED"}, 90)
 
 
+def run_then_stop_with_savepoint(job: Path, url: str, ns: str, ckpts: int) -> str:
+    """Submit the job (8 ms a record), let it complete `ckpts` checkpoints, stop it with a
+    savepoint (`flink stop --savepointPath`); returns the savepoint's path."""
+    a = submit_detached(*job_args(job, url, ns, sleep_ms=8))
+    wait_state(a, {"RUNNING"}, 120)
+    wait_ckpts(a, ckpts)
+    stop = flink("stop", "--savepointPath", (CLUSTER_DIR / "savepoints").as_uri(), a,
+                 timeout=120)
+    out = stop.stdout + stop.stderr
+    assert stop.returncode == 0, out[-3000:] + log_tail()
+    sp = re.search(r"Savepoint completed\. Path: (\S+)", out).group(1)
+    wait_state(a, {"FINISHED"}, 60)
+    return sp
+
+
 def partial_then_cancel(job: Path, url: str, ns: str, ckpts: int = 3) -> tuple[str, int]:
     """A throttled run, cancelled after `ckpts` completed checkpoints; returns the job id
     and the retained checkpoint Flink keeps on disk."""
@@ -340,15 +355,7 @@ def test_claim_mode_savepoint_dropped_like_flink(cluster, mysql_url, namespace, 
     """`flink stop --savepointPath`, then `flink run -s SAVEPOINT -claimMode CLAIM` to the
     end: Flink treats the claimed savepoint as a checkpoint and deletes it once subsumed;
     pyflink-ndb must not keep listing it as restorable (pinned until released)."""
-    a = submit_detached(*job_args(job_file, mysql_url, namespace, sleep_ms=8))
-    wait_state(a, {"RUNNING"}, 120)
-    wait_ckpts(a, 2)
-    stop = flink("stop", "--savepointPath", (CLUSTER_DIR / "savepoints").as_uri(), a,
-                 timeout=120)
-    out = stop.stdout + stop.stderr
-    assert stop.returncode == 0, out[-3000:] + log_tail()
-    sp = re.search(r"Savepoint completed\. Path: (\S+)", out).group(1)
-    wait_state(a, {"FINISHED"}, 60)
+    sp = run_then_stop_with_savepoint(job_file, mysql_url, namespace, 2)
     sp_path = Path(sp.replace("file:", "", 1)) if sp.startswith("file:") else Path(sp)
     sp_ckpt = [s["checkpoint"] for s in snapshots(mysql_url, namespace)
                if s["kind"] == "savepoint"]
@@ -483,18 +490,9 @@ def test_stop_with_savepoint_restore_twice_and_listing(cluster, mysql_url, names
     last checkpoints stay listed too, though Flink deletes a finished job's: the store
     cannot tell a finished job from a cancelled one; README, "What can be restored".)"""
     ensure_two_tms()
-    a = submit_detached(*job_args(job_file, mysql_url, namespace, sleep_ms=8))
-    wait_state(a, {"RUNNING"}, 120)
-    wait_ckpts(a, 3)
-    stop = flink("stop", "--savepointPath", (CLUSTER_DIR / "savepoints").as_uri(), a,
-                 timeout=120)
-    out = stop.stdout + stop.stderr
-    assert stop.returncode == 0, out[-3000:] + log_tail()
-    sp = re.search(r"Savepoint completed\. Path: (\S+)", out).group(1)
-    wait_state(a, {"FINISHED"}, 60)
+    sp = run_then_stop_with_savepoint(job_file, mysql_url, namespace, 3)
     part = committed(mysql_url, namespace)
     assert 0 < sum(v[0] for v in part.values()) < N
-    print("A on disk after stop:", on_disk(a), file=sys.stderr)
     for i in range(2):
         done, o = run_attached("-s", sp, *job_args(job_file, mysql_url, namespace, 0))
         assert done.returncode == 0, o[-4000:] + log_tail()
