@@ -348,11 +348,14 @@ class CheckpointProtocol:
         if s.retains_checkpoints:
             origin["retains"] = True
             origin["retained"] = self.options.checkpoints_retained or 1
-        # Origins of the restored tokens' branches (identity, run) and, after a failover,
-        # of every branch (which previous owners' pending snapshots are this run's).
+        # The restored tokens' branch rows, read once: their lineages (the new lineage)
+        # and origins (identity, run). After a failover, every branch's origin (which
+        # previous owners' pending snapshots are this run's).
+        parent_rows = self.store.load_branches({t.branch for t in mine}) if mine else {}
+        self._lineages.update((b, row.lineage) for b, row in parent_rows.items())
         origins = (self.store.branch_origins(s.operator) if s.attempt > 0 and not reset
-                   else self.store.branch_origins(s.operator, {t.branch for t in mine})
-                   if tokens else {})
+                   else {b: BranchOrigin.parse(row.job_id, row.origin)
+                         for b, row in parent_rows.items()})
         if tokens is not None:
             self._check_identity(mine, origins)
             self._check_restorable(mine, snapshots)
