@@ -20,6 +20,7 @@ from pyflink_ndb.stores.base import (
     BranchOrigin,
     SnapshotRow,
     StateStore,
+    finished_runs,
     restored_by_other_jobs,
     retained_by_other_runs,
     utc_text,
@@ -462,6 +463,7 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
     owner_runs = {origins[br].run for br in owners if br in origins} or {""}
     kept = set.intersection(*(retained_by_other_runs(origins, snapshots, run)
                               for run in owner_runs))
+    finished = finished_runs(origins)
     groups: dict[tuple[str, int, str], list[SnapshotRow]] = {}
     for r in snapshots:
         groups.setdefault((r.kind, r.epoch, r.job_id), []).append(r)
@@ -480,6 +482,11 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
             note = "pinned until released (a job was started from it)"
         elif keys & kept and not any(r.branch in owners for r in rows):
             note = "kept until released (its job retains its checkpoints when it ends)"
+        elif all(r.branch in origins and origins[r.branch].run in finished for r in rows):
+            # Flink deleted it when the job finished; the store drops it with the next
+            # job's retention in its history, or at `release`.
+            note = ("deleted by Flink when its job finished (stop-with-savepoint): "
+                    "releasable")
         elif any(r.branch in owners for r in rows):
             # Owners are the latest attempt of each key group, which may have ended: the
             # store cannot tell a running job from one that stopped.

@@ -172,15 +172,17 @@ class LocalSubtask:
         return self
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False,
-                 durable: bool = True) -> str:
+                 durable: bool = True, ends_job: bool = False) -> str:
         """Snapshot and keep the token in the storage, as Flink would; returns the token.
 
         :param durable: wait until the background writer made it durable (as Flink waits
             for the asynchronous phase before it acknowledges a checkpoint); False: return
             after the synchronous phase.
+        :param ends_job: a stop-with-savepoint's savepoint (with `is_savepoint`): complete
+            it, then :meth:`close`, as the job does when it finishes.
         :raises CheckpointError: `durable` and the background write failed.
         """
-        token = self.backend.snapshot(checkpoint_id, is_savepoint)
+        token = self.backend.snapshot(checkpoint_id, is_savepoint, ends_job)
         self.storage.record(self.operator, checkpoint_id, token)
         if durable:
             self.wait_durable(checkpoint_id)

@@ -573,6 +573,114 @@ def test_a_later_jobs_retention_leaves_an_ended_jobs_retained_checkpoints(
     assert c.get("k") == 4
 
 
+def _stop_with_savepoint(store, local_dir, mode: str = "RETAIN_ON_CANCELLATION",
+                         failover: bool = False) -> tuple[int, str]:
+    """Job a keeps 2 checkpoints (Flink's num-retained 2) and its checkpoints when it
+    ends (`mode`), completes checkpoints 1-5 and is stopped with savepoint 6 (synchronous:
+    completed, then every subtask closes normally). With `failover`, the job fails while
+    finishing: Flink restores its checkpoint 5 in a new attempt of the same run, which is
+    then cancelled (Flink keeps the retained checkpoints). Returns a's first branch and
+    the savepoint's token."""
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=2)
+    job = "a" * 32
+    a = Attempt(store, local_dir, options, job_id=job, externalized_retention=mode)
+    for cp in range(1, 6):
+        a.put("k", cp)
+        a.t.checkpoint(cp)
+    a.put("k", 6)
+    token = a.t.snapshot(6, is_savepoint=True, ends_job=True)
+    a.t.complete(6)
+    a.t.close()
+    if failover:
+        again = Attempt(store, local_dir, options, job_id=job, externalized_retention=mode,
+                        attempt=1, restored_checkpoint_id=5)
+        assert again.get("k") == 5
+        again.t.crash()
+    return a.t.backend.protocol.branch, token
+
+
+@pytest.mark.parametrize("mode", ["RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION"])
+def test_a_stop_with_savepoint_lets_the_next_job_subsume_the_finished_jobs_checkpoints(
+        store, local_dir, store_kind, tmp_path, request, mode):
+    """A stop-with-savepoint ends the job FINISHED, and Flink deletes its retained
+    checkpoints then whatever its retention (`CheckpointProperties`: discard on a
+    finished job): the job started from the savepoint subsumes them as its own ancestors,
+    and only the savepoint stays pinned. Before, they stayed "kept until released"
+    (storage; stop 45's note)."""
+    a_branch, token = _stop_with_savepoint(store, local_dir, mode)
+    assert _epochs_of(store, a_branch) == {3, 4, 5, 6}
+    notes = _savepoint_notes(store, store_kind, tmp_path, request)
+    assert notes[("a", 4)] == ("deleted by Flink when its job finished "
+                               "(stop-with-savepoint): releasable")
+    assert notes[("a", 6)] == "pinned until released"
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=6,
+                restored_tokens=[token], externalized_retention=mode)
+    assert b.get("k") == 6
+    for cp in range(7, 11):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    assert _epochs_of(store, a_branch) == {6}
+    b.t.crash()
+    c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=6,
+                restored_tokens=[token])
+    assert c.get("k") == 6
+
+
+def test_a_failover_after_the_stop_savepoint_keeps_the_retained_checkpoints(
+        store, local_dir, store_kind, tmp_path, request):
+    """The stop's savepoint completed and the subtask recorded the job's end, but the job
+    failed while finishing and Flink failed over to checkpoint 5; that attempt was then
+    cancelled, so Flink keeps the job's retained checkpoints (4 and 5): a later job must
+    not subsume them, and 4 must restore."""
+    a_branch, token = _stop_with_savepoint(store, local_dir, failover=True)
+    options = NdbStateOptions(cache_max_entries=1, checkpoints_retained=1)
+    b = Attempt(store, local_dir, options, job_id="b" * 32, restored_checkpoint_id=6,
+                restored_tokens=[token])
+    for cp in range(7, 11):
+        b.put("k", cp * 10)
+        b.t.checkpoint(cp)
+    b.t.crash()
+    assert {4, 5} <= _epochs_of(store, a_branch)
+    assert _savepoint_notes(store, store_kind, tmp_path, request)[("a", 4)] == \
+        "kept until released (its job retains its checkpoints when it ends)"
+    c = Attempt(store, local_dir, options, job_id="c" * 32, restored_checkpoint_id=4)
+    assert c.get("k") == 4
+
+
+def test_only_a_completed_stop_savepoint_and_a_normal_close_record_the_end(store, local_dir):
+    """The job's end is recorded only when the stop's savepoint completed and the subtask
+    then closed normally: not for a savepoint that is not a stop's, not for one that was
+    aborted or never heard of, not when the subtask was cancelled after it (a crash)."""
+    from pyflink_ndb.stores.base import finished_runs
+
+    def ended(run_it) -> bool:
+        a = Attempt(store, local_dir, job_id=uuid4_job())
+        a.put("k", 1)
+        run_it(a.t)
+        origins = store.branch_origins("op")
+        return origins[a.t.backend.protocol.branch].run in finished_runs(origins)
+
+    def stop(t, complete=True, close=True, ends_job=True):
+        t.snapshot(1, is_savepoint=True, ends_job=ends_job)
+        if complete:
+            t.complete(1)
+        (t.close if close else t.crash)()
+
+    assert ended(stop)
+    assert not ended(lambda t: stop(t, ends_job=False))
+    assert not ended(lambda t: stop(t, complete=False))
+    assert not ended(lambda t: stop(t, close=False))
+    assert not ended(lambda t: (t.snapshot(1, is_savepoint=True, ends_job=True),
+                                t.abort(1), t.close()))
+
+
+def uuid4_job() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
 def _epochs_of(store, branch: int) -> set[int]:
     return {r.epoch for r in store.list_snapshots("op") if r.branch == branch}
 

@@ -456,3 +456,56 @@ def test_savepoint_restored_into_another_namespace_of_the_same_database(tmp_path
     finally:
         drop_namespace(mysql_url, nx)
         drop_namespace(mysql_url, ny)
+
+
+def test_stop_with_savepoint_of_a_retaining_job_lets_the_next_job_drop_its_checkpoints(
+        tmp_path, mysql_url):
+    """Job A runs with RETAIN_ON_CANCELLATION (num-retained 2) and is stopped with a
+    savepoint (`stop_with_savepoint`): it ends FINISHED, and Flink deletes its retained
+    checkpoints (`CheckpointProperties` discards on a finished job; checked on disk here).
+    The bridge tells the subtasks the savepoint is synchronous, and their normal close
+    records the job's end: the listing says Flink deleted them, and job B, started from
+    the savepoint, drops them with its own retention; the savepoint stays pinned. Before
+    2026-12-07 they stayed "kept until released" (storage)."""
+    import json
+
+    ns = unique_namespace("brks")
+    ckpt = tmp_path / "ckpt"
+    try:
+        a = start("process", 2, ns, mysql_url, tmp_path / "a.txt", records=RECORDS,
+                  throttle_ms=4.0, ckpt_dir=ckpt)
+        try:
+            run_until_checkpoint(a, ckpt, 4, tmp_path / "a.txt")
+            sp = a.stop_with_savepoint(False, str(tmp_path / "sp")).result()
+        except BaseException:
+            cancel(a)
+            raise
+        finish(a)
+        a_id = str(a.get_job_id())
+        deadline = time.monotonic() + 20
+        while job_checkpoints(ckpt, a) and time.monotonic() < deadline:
+            time.sleep(0.2)  # Flink's CheckpointsCleaner deletes them asynchronously
+        assert job_checkpoints(ckpt, a) == {}, "Flink kept a finished job's checkpoints"
+
+        def listed() -> list[dict[str, Any]]:
+            out = cli("savepoints", "--url", mysql_url, "--namespace", ns, "--all",
+                      "--format", "json")
+            assert out.exit_code == 0, out.output
+            return [json.loads(x) for x in out.stdout.splitlines()]
+
+        of_a = [s for s in listed() if s["job"] == a_id]
+        sp_id = max(s["checkpoint"] for s in of_a if s["kind"] == "savepoint")
+        notes = {s["note"] for s in of_a if s["kind"] == "checkpoint"}
+        assert notes and notes <= {"readers see it", "deleted by Flink when its job "
+                                   "finished (stop-with-savepoint): releasable"}, of_a
+
+        b = start("process", 2, ns, mysql_url, tmp_path / "b.txt", records=RECORDS,
+                  throttle_ms=2.0, ckpt_dir=ckpt, restore=sp)
+        run_until_checkpoint(b, ckpt, sp_id + 4, tmp_path / "b.txt")  # > retained + 1
+        finish(b)
+        first_b = check(lines(tmp_path / "b.txt"), RECORDS)
+        assert first_b > 0  # B restored A's savepoint
+        after = [(s["kind"], s["note"]) for s in listed() if s["job"] == a_id]
+        assert after == [("savepoint", "pinned until released")], after
+    finally:
+        drop_namespace(mysql_url, ns)

@@ -280,14 +280,19 @@ class CheckpointProtocol:
         self._cleaned: dict[tuple[int, int, int], Ranges] = {}
         #: Kind of each snapshot this attempt took, by checkpoint id.
         self._kinds: dict[int, str] = {}
+        #: The synchronous savepoint of a stop-with-savepoint this attempt took, and
+        #: whether Flink completed it (then a normal close records the job's end).
+        self._stop_savepoint: int | None = None
+        self._stop_completed = False
         #: Version ranges of the parent attempt whose entries garbage collection has yet
         #: to look at: (kg_start, kg_end, lo, hi) -> per state id the scan cursor.
         self._adopt: dict[tuple[int, int, int, int], dict[int, tuple[int, int, bytes] | None]] = {}
         self._adopted_done: set[tuple[int, int, int, int, int]] = set()
         self._lineages: dict[int, Lineage] = {}
-        #: Per branch of the operator, what retention needs of its origin. Branch rows
-        #: never change: loaded once per attempt, at its first garbage collection
-        #: (:meth:`_left_to_the_user`).
+        #: Per branch of the operator, what retention needs of its origin. Loaded once
+        #: per attempt, at its first garbage collection (:meth:`_left_to_the_user`):
+        #: branch rows change only when their job ends (:meth:`StateStore.record_end`),
+        #: and an end recorded later only keeps checkpoints longer for this attempt.
         self._origins: dict[int, BranchOrigin] = {}
 
     def set_json_renderers(self, renderers: Mapping[int, JsonRenderer]) -> None:
@@ -539,11 +544,15 @@ class CheckpointProtocol:
         return self.fence
 
     def snapshot(self, checkpoint_id: int, is_savepoint: bool = False,
-                 kind: str | None = None) -> Token:
+                 kind: str | None = None, ends_job: bool = False) -> Token:
         """Flink's synchronous phase: freeze the dirty set as checkpoint `checkpoint_id` and
         hand it to the background writer; O(1) in the dirty entries (it waits only when
         `write.max-pending-bytes` is reached: back-pressure). Inline, the epoch is written
         before this returns.
+
+        :param ends_job: the savepoint is synchronous: a stop-with-savepoint's, after which
+            the job finishes (Flink's `SavepointType.isSynchronous`). Once Flink completed
+            it, a normal :meth:`close` records the job's end (:meth:`StateStore.record_end`).
 
         :returns: the token to store in Flink's union list state.
         :raises FencedError: a newer attempt owns these key groups (seen by an earlier job).
@@ -560,6 +569,8 @@ class CheckpointProtocol:
         self.last_dirty_entries = len(frozen.entries)
         self._in_flight[checkpoint_id] = frozen
         self._kinds[checkpoint_id] = kind
+        if ends_job and kind == KIND_SAVEPOINT:
+            self._stop_savepoint, self._stop_completed = checkpoint_id, False
         self.last_sync_ms = (time.perf_counter() - started) * 1000
         job = Job(lambda: self._write_epoch(fence, checkpoint_id, kind, frozen),
                   checkpoint_id, frozen.approx_bytes, fail_fast=True,
@@ -771,6 +782,8 @@ class CheckpointProtocol:
         fence = self._require_open()
         self.settle()
         kind = self._kinds.pop(checkpoint_id, None)
+        if checkpoint_id == self._stop_savepoint:
+            self._stop_completed = True
         self.writer.submit(Job(lambda: self._complete_job(fence, checkpoint_id, kind),
                                name=f"completion of checkpoint {checkpoint_id}"))
         if self.writer.inline:
@@ -871,7 +884,15 @@ class CheckpointProtocol:
         a running one stops at its next yield, its statement in flight interrupted at once
         (:meth:`BackgroundWriter.close`).
         Nothing partial becomes visible (the snapshot row of an epoch is written after all
-        its rows)."""
+        its rows).
+
+        With `drain`, after a stop-with-savepoint whose savepoint Flink completed, the
+        branch records that the job ended (:meth:`_record_end`) before the writer stops."""
+        if drain and self._stop_completed and self.fence is not None:
+            fence, savepoint = self.fence, self._stop_savepoint
+            assert savepoint is not None
+            self.writer.submit(Job(lambda: self._record_end(fence, savepoint),
+                                   name="record of the job's end"))
         if drain and not self.writer.wait_idle(self.options.db_retry_deadline_ms / 1000 + 10,
                                                foreground_only=True):
             log.warning("pyflink-ndb %s/%d: the background writer did not finish its queue "
@@ -885,6 +906,21 @@ class CheckpointProtocol:
                           else None, cancel=not drain)
         if self.render_process is not None:
             self.render_process.close()
+
+    def _record_end(self, fence: Fence, savepoint: int) -> None:
+        """Writer: record in this branch's origin that stop-with-savepoint `savepoint`
+        ended the job. Flink deletes a finished job's retained checkpoints
+        (`CheckpointProperties`: RETAIN_ON_CANCELLATION discards on a finished job), so
+        later runs' retention may subsume them (:func:`~pyflink_ndb.stores.base.
+        finished_runs`); before 2026-12-07 they stayed until `pyflink-ndb release`. A
+        failure only keeps them longer (storage): it is logged, the close goes on."""
+        try:
+            self.wstore.record_end(fence, savepoint)
+        except Exception as err:  # storage only: never fail a normal end for it
+            log.warning("pyflink-ndb %s/%d: could not record that stop-with-savepoint %d "
+                        "ended the job (its retained checkpoints stay listed until `pyflink-"
+                        "ndb release`): %s", self.scope.operator, self.scope.subtask_index,
+                        savepoint, err)
 
     def _interrupt(self) -> None:
         """End the writer's statement in flight, on its own connection and on the write

@@ -626,14 +626,20 @@ class SubtaskStateBackend:
         """:meth:`process_element` for the second input of a two-input operation."""
         return drain_outputs(self._operation.process_element2(value))
 
-    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False) -> str:
+    def snapshot(self, checkpoint_id: int, is_savepoint: bool = False,
+                 ends_job: bool = False) -> str:
         """Flink's synchronous phase: freeze the dirty delta as checkpoint `checkpoint_id`
         (written in the background; the listener hears when it is durable; with
         `write.async: false` it is durable on return).
 
+        :param is_savepoint: Flink's `SnapshotType.isSavepoint`.
+        :param ends_job: a stop-with-savepoint's synchronous savepoint
+            (`SavepointType.isSynchronous`): once it completed, a normal close records
+            that the job ended (:meth:`CheckpointProtocol.snapshot`).
         :returns: the token (JSON text) the bridge stores in Flink's union list state.
         """
-        return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint)).to_json()
+        return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint),
+                                      ends_job=bool(ends_job)).to_json()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.protocol.complete(int(checkpoint_id))

@@ -210,6 +210,11 @@ class BranchOrigin(NamedTuple):
     #: The branch's random identity, which its snapshots' tokens carry (None: not
     #: recorded, before 2026-12-07).
     nonce: str | None
+    #: The stop-with-savepoint that ended the branch's job: the checkpoint id of the
+    #: synchronous savepoint that completed before its subtask closed normally
+    #: (:meth:`StateStore.record_end`); None: not ended so, or not recorded (a job that
+    #: failed, was cancelled, reached the end of its input, or ran before 2026-12-07).
+    ended: int | None = None
 
     @staticmethod
     def parse(job_id: str, origin: str | None) -> BranchOrigin:
@@ -222,7 +227,8 @@ class BranchOrigin(NamedTuple):
         return BranchOrigin(job_id, str(data.get("run") or job_id),
                             () if claim else keys, keys if claim else (),
                             bool(data.get("submission")), bool(data.get("retains")),
-                            int(data.get("retained", 0)), data.get("nonce"))
+                            int(data.get("retained", 0)), data.get("nonce"),
+                            None if data.get("ended") is None else int(data["ended"]))
 
 
 def left_to_the_user(origins: Mapping[int, BranchOrigin], snapshots: Iterable[SnapshotRow],
@@ -273,11 +279,15 @@ def retained_by_other_runs(origins: Mapping[int, BranchOrigin],
     deletes it once that job subsumes it). Checkpoint ids are per job, so this is per run,
     not per key group; the one more that the run's own retention kept for readers goes.
     Found by a breaker: a later job that resumed or restored in a cancelled job's history
-    subsumed the cancelled job's retained checkpoints, and restoring one of them failed."""
+    subsumed the cancelled job's retained checkpoints, and restoring one of them failed.
+    Not of a run that a stop-with-savepoint ended (:func:`finished_runs`): Flink deleted
+    its checkpoints when the job finished."""
     by_run: dict[str, list[SnapshotRow]] = {}
+    finished = finished_runs(origins)
     for r in snapshots:
         o = origins.get(r.branch)
-        if o is not None and o.retains and o.run != run and r.kind != KIND_SAVEPOINT:
+        if o is not None and o.retains and o.run != run and r.kind != KIND_SAVEPOINT \
+                and o.run not in finished:
             by_run.setdefault(o.run, []).append(r)
     kept: set[tuple[int, int]] = set()
     for rows in by_run.values():
@@ -286,6 +296,32 @@ def retained_by_other_runs(origins: Mapping[int, BranchOrigin],
         bound = completed[-keep] if keep and len(completed) >= keep else 0
         kept |= {(r.branch, r.epoch) for r in rows if r.epoch >= bound}
     return kept - {key for o in origins.values() for key in o.claimed}
+
+
+def finished_runs(origins: Mapping[int, BranchOrigin]) -> set[str]:
+    """The runs of `origins` that a stop-with-savepoint ended: the job reached FINISHED,
+    and Flink deleted its retained checkpoints then, whatever its retention policy
+    (`CheckpointProperties`: RETAIN_ON_CANCELLATION and RETAIN_ON_FAILURE both discard
+    on a finished job; only a cancelled, failed or suspended job keeps them).
+
+    A run counts as finished when one of its branches recorded its end
+    (:attr:`BranchOrigin.ended`) and every branch of the run made after that one did too:
+    a failover after the savepoint (a failure while the job was finishing) makes new
+    branches of the run, which record no end, and that run may yet be cancelled with its
+    checkpoints kept. Branch ids grow with time (:meth:`StateStore.allocate_branch`).
+    Missing records (a subtask whose record failed, a job that ended at the end of its
+    input, branches of older versions) only keep checkpoints longer (storage), never drop
+    one that Flink keeps.
+    """
+    by_run: dict[str, list[int]] = {}
+    for branch, o in origins.items():
+        by_run.setdefault(o.run, []).append(branch)
+    out = set()
+    for run, branches in by_run.items():
+        ended = [b for b in branches if origins[b].ended is not None]
+        if ended and all(origins[b].ended is not None for b in branches if b > min(ended)):
+            out.add(run)
+    return out
 
 
 def state_id_for(operator: str, name: str) -> int:
@@ -1350,6 +1386,24 @@ class StateStore(ABC):
         return [int(b) for (b,) in self._read(
             "list branches", f"SELECT branch_id FROM {self.t_branches} WHERE operator = ? "
             "ORDER BY branch_id", (operator,))]
+
+    def record_end(self, fence: Fence, savepoint_id: int) -> None:
+        """Record in the fence's branch row that a stop-with-savepoint ended its job:
+        `savepoint_id`, the synchronous savepoint that completed before the subtask closed
+        normally (:attr:`BranchOrigin.ended`; the origin's `ended`), fenced. Retention of
+        later runs then subsumes the run's checkpoints, which Flink deleted when the job
+        finished (:func:`finished_runs`)."""
+        def work() -> None:
+            rows = self._query(f"SELECT origin FROM {self.t_branches} WHERE branch_id = ?",
+                               (fence.branch,))
+            if not rows:
+                return
+            origin = json.loads(rows[0][0] or "{}")
+            origin["ended"] = int(savepoint_id)
+            self._execute(f"UPDATE {self.t_branches} SET origin = ? WHERE branch_id = ?",
+                          (json.dumps(origin, separators=(",", ":")), fence.branch))
+
+        self._txn("record the job's end", work, fence)
 
     # -- snapshots ------------------------------------------------------------------------
     def insert_snapshot(self, fence: Fence, epoch: int, kind: str, job_id: str) -> None:

@@ -7,6 +7,7 @@ import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.StateRecoveryOptions;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
+import org.apache.flink.runtime.checkpoint.SavepointType;
 import org.apache.flink.runtime.state.DoneFuture;
 import org.apache.flink.runtime.state.KeyGroupRange;
 import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
@@ -107,6 +108,8 @@ final class StateBackendHooks {
     private long lastSnapshotCheckpointId = Long.MIN_VALUE;
 
     private boolean lastSnapshotIsSavepoint;
+    /** The last snapshot is a stop-with-savepoint's: the job finishes after it completes. */
+    private boolean lastSnapshotEndsJob;
 
     /** Completes each checkpoint's asynchronous phase when Python says it is durable. */
     private final DurabilityListener listener = new DurabilityListener();
@@ -213,6 +216,13 @@ final class StateBackendHooks {
                 options != null
                         && options.getCheckpointType() != null
                         && options.getCheckpointType().isSavepoint();
+        // A synchronous savepoint is a stop-with-savepoint's (SavepointType.suspend or
+        // terminate): once it completes, the tasks finish and the job reaches FINISHED, and
+        // Flink deletes the job's retained checkpoints (CheckpointProperties).
+        lastSnapshotEndsJob =
+                lastSnapshotIsSavepoint
+                        && options.getCheckpointType() instanceof SavepointType
+                        && ((SavepointType) options.getCheckpointType()).isSynchronous();
     }
 
     /**
@@ -224,6 +234,7 @@ final class StateBackendHooks {
     void snapshotState(StateSnapshotContext ctx) throws Exception {
         long checkpointId = ctx.getCheckpointId();
         boolean isSavepoint = checkpointId == lastSnapshotCheckpointId && lastSnapshotIsSavepoint;
+        boolean endsJob = checkpointId == lastSnapshotCheckpointId && lastSnapshotEndsJob;
         lastDurable = null;
         if (boundInterpreter == null) {
             // Never bound (should not happen for a running task): keep what we restored.
@@ -233,7 +244,9 @@ final class StateBackendHooks {
         CompletableFuture<Void> durable = listener.register(checkpointId);
         Object token;
         try {
-            token = boundInterpreter.invokeMethod(PY_BACKEND, "snapshot", checkpointId, isSavepoint);
+            token =
+                    boundInterpreter.invokeMethod(
+                            PY_BACKEND, "snapshot", checkpointId, isSavepoint, endsJob);
         } catch (RuntimeException e) {
             listener.forget(checkpointId);
             throw e;
