@@ -11,21 +11,18 @@ stopped at the end; if it cannot start, the tests fail with the tail of its logs
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import assert_exact, drop_namespace, pandas_aircraft
+from standalone_cluster import SCRIPT, StandaloneCluster
 
 from jobs.flight_data import flights_csv
 from jobs.flight_delays import OPERATOR_UID, committed_aircraft
@@ -35,43 +32,10 @@ from pyflink_ndb.stores.factory import open_store
 pytestmark = pytest.mark.flink
 
 ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_DIR = ROOT / "var" / "cluster-test"
-REST_PORT = 18081
-REST = f"http://localhost:{REST_PORT}"
 LIMIT = 20_000
-SCRIPT = [str(ROOT / "scripts" / "cluster.sh")]
-
-
-def cluster_env() -> dict[str, str]:
-    venv_bin = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
-            "VENV": str(Path(sys.executable).parent.parent),
-            "CLUSTER_DIR": str(CLUSTER_DIR), "FLINK_REST_PORT": str(REST_PORT),
-            "FLINK_RPC_PORT": "16123", "FLINK_TASK_SLOTS": "3", "CLUSTER_TIMEOUT_S": "90"}
-
-
-def log_tail(lines: int = 30) -> str:
-    out = []
-    for log in sorted((CLUSTER_DIR / "log").glob("*")):
-        if log.is_file() and log.stat().st_size:
-            text = log.read_text(errors="replace").splitlines()[-lines:]
-            out.append(f"---- {log.name}\n" + "\n".join(text))
-    return "\n".join(out)
-
-
-def script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", *SCRIPT, *args], env=cluster_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def flink(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    """The wheel's `flink` CLI pointed at the test cluster."""
-    return script("flink", *args, timeout=timeout)
-
-
-def rest(path: str) -> Any:
-    with urllib.request.urlopen(REST + path, timeout=5) as response:
-        return json.load(response)
+CLUSTER = StandaloneCluster(ROOT / "var" / "cluster-test", rest_port=18081, rpc_port=16123,
+                            slots=3)
+log_tail, script, flink, rest = CLUSTER.log_tail, CLUSTER.script, CLUSTER.flink, CLUSTER.rest
 
 
 def job_args(url: str, namespace: str, parallelism: int, *extra: str) -> list[str]:
@@ -100,21 +64,10 @@ def check_run(done: subprocess.CompletedProcess[str]) -> str:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[str]:
     """A standalone cluster from the wheel (3 slots), stopped at the end in any case."""
-    script("down", timeout=60)  # a leftover of an interrupted run
-    try:
-        started = time.monotonic()
-        try:
-            up = script("up", timeout=150)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"scripts/cluster.sh up did not return in 150 s\n{log_tail()}",
-                        pytrace=False)
-        if up.returncode != 0:
-            pytest.fail(f"the cluster did not start:\n{up.stdout}{up.stderr}\n{log_tail()}",
-                        pytrace=False)
+    started = time.monotonic()
+    with CLUSTER.running(up_timeout_s=150) as url:
         print(f"cluster up in {time.monotonic() - started:.1f} s", file=sys.stderr)
-        yield REST
-    finally:
-        script("down", timeout=90)
+        yield url
 
 
 @pytest.fixture
@@ -200,7 +153,7 @@ def test_stop_with_savepoint_then_restore_at_other_parallelism(
     first = subprocess.Popen(
         ["bash", *SCRIPT, "flink", "run", *job_args(mysql_url, namespace, 2,
                                                     "--throttle-ms", "3")],
-        env=cluster_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=CLUSTER.env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(first.stdout or []), daemon=True)
