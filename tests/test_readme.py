@@ -57,5 +57,6 @@ def test_the_job_example_runs_as_the_readme_says(tmp_path, mysql_url):
 
 def test_the_configuration_table_lists_every_option_with_its_default():
     for spec in OPTIONS:
-        default = "(none)" if spec.default is None else f"`{spec.default}`"
+        value = str(spec.default).lower() if isinstance(spec.default, bool) else spec.default
+        default = "(none)" if spec.default is None else f"`{value}`"
         assert f"| `{PREFIX}{spec.key}` | {default} |" in README, spec.key
