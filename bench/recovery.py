@@ -107,11 +107,13 @@ OVERRUN = 1.1
 
 #: (key, label, Flink backend kind as bench.run knows it, restore.mode; `lazy-nofilter`:
 #: lazy with `restore.key-filter: false`; `lazy-noreadahead`: lazy with
-#: `read-ahead.records: 0`).
+#: `read-ahead.records: 0`; `lazy-nolocal`: lazy with `local.recovery: false`).
 BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
     ("hashmap", "Flink hashmap", "hashmap", None),
     ("rocksdb-full", "Flink RocksDB, full checkpoints", "rocksdb", None),
     ("rocksdb-incremental", "Flink RocksDB, incremental checkpoints", "rocksdb", None),
+    ("rocksdb-incremental-local", "Flink RocksDB, incremental, state.backend.local-recovery",
+     "rocksdb", None),
     ("ndb-sqlite", "pyflink-ndb SQLite (lazy)", "ndb-sqlite", "lazy"),
     ("ndb-sqlite-background", "pyflink-ndb SQLite, restore.mode background", "ndb-sqlite",
      "background"),
@@ -120,6 +122,8 @@ BACKENDS: tuple[tuple[str, str, str, str | None], ...] = (
      "ndb-mariadb", "lazy-nofilter"),
     ("ndb-mariadb-noreadahead", "pyflink-ndb MariaDB (lazy, read-ahead.records 0)",
      "ndb-mariadb", "lazy-noreadahead"),
+    ("ndb-mariadb-nolocal", "pyflink-ndb MariaDB (lazy, local.recovery false)",
+     "ndb-mariadb", "lazy-nolocal"),
     ("ndb-mariadb-background", "pyflink-ndb MariaDB, restore.mode background",
      "ndb-mariadb", "background"),
 )
@@ -128,7 +132,7 @@ QUICK_BACKENDS = ("hashmap", "rocksdb-incremental", "ndb-sqlite", "ndb-mariadb-b
 _BY_KEY = {b[0]: b for b in BACKENDS}
 _SHORT = {"ndb-sqlite": "sq", "ndb-sqlite-background": "sq_bg", "ndb-mariadb": "my",
           "ndb-mariadb-nofilter": "my_nf", "ndb-mariadb-noreadahead": "my_nra",
-          "ndb-mariadb-background": "my_bg"}
+          "ndb-mariadb-nolocal": "my_nl", "ndb-mariadb-background": "my_bg"}
 
 
 # -- the job (runs in the TaskManager's interpreter) --------------------------------------
@@ -593,10 +597,16 @@ def run_backend(key: str, keys: int, mysql_url: str, prefix: str, work: str,
             options["state.backend.ndb.restore.key-filter"] = "false"
         if restore_mode == "lazy-noreadahead":
             options["state.backend.ndb.read-ahead.records"] = "0"
+        if restore_mode == "lazy-nolocal":
+            options["state.backend.ndb.local.recovery"] = "false"
         drop_namespace(url, namespace)
     extra = flink_extra(kind, folder / "checkpoints")
     if kind == "rocksdb":
-        extra["state.backend.incremental"] = "true" if key == "rocksdb-incremental" else "false"
+        extra["state.backend.incremental"] = "false" if key == "rocksdb-full" else "true"
+        if key == "rocksdb-incremental-local":
+            # Flink's task-local recovery: a local copy of each checkpoint, read at a
+            # failover instead of the checkpoint storage (which is on this disk too)
+            extra["state.backend.local-recovery"] = "true"
     extra["execution.checkpointing.tolerable-failed-checkpoints"] = "1000"
     extra.update(flink_conf or {})
     port = free_port()

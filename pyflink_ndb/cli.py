@@ -20,9 +20,9 @@ from pyflink_ndb.stores.base import (
     BranchOrigin,
     SnapshotRow,
     StateStore,
-    finished_runs,
     restored_by_other_jobs,
     retained_by_other_runs,
+    stopped_runs,
     utc_text,
 )
 from pyflink_ndb.stores.factory import open_store
@@ -450,6 +450,11 @@ def _segments_text(parts: Sequence[Sequence[Any]]) -> str:
                      for a, b, br, e in parts)
 
 
+#: `savepoints --all`: a checkpoint of a job its subtasks saw stopped with a savepoint.
+STOPPED_NOTE = ("kept until released (its job was stopped with a savepoint: Flink deleted "
+                "it, unless the job failed while stopping)")
+
+
 def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int, int]],
                      owners: set[int], origins: dict[int, BranchOrigin]
                      ) -> list[dict[str, Any]]:
@@ -463,7 +468,7 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
     owner_runs = {origins[br].run for br in owners if br in origins} or {""}
     kept = set.intersection(*(retained_by_other_runs(origins, snapshots, run)
                               for run in owner_runs))
-    finished = finished_runs(origins)
+    stopped = stopped_runs(origins)
     groups: dict[tuple[str, int, str], list[SnapshotRow]] = {}
     for r in snapshots:
         groups.setdefault((r.kind, r.epoch, r.job_id), []).append(r)
@@ -480,13 +485,11 @@ def _snapshot_groups(snapshots: Sequence[SnapshotRow], committed: set[tuple[int,
             note = "pinned until released"
         elif keys & pinned:
             note = "pinned until released (a job was started from it)"
+        elif all(r.branch in origins and origins[r.branch].run in stopped for r in rows) \
+                and kind == "checkpoint":
+            note = STOPPED_NOTE
         elif keys & kept and not any(r.branch in owners for r in rows):
             note = "kept until released (its job retains its checkpoints when it ends)"
-        elif all(r.branch in origins and origins[r.branch].run in finished for r in rows):
-            # Flink deleted it when the job finished; the store drops it with the next
-            # job's retention in its history, or at `release`.
-            note = ("deleted by Flink when its job finished (stop-with-savepoint): "
-                    "releasable")
         elif any(r.branch in owners for r in rows):
             # Owners are the latest attempt of each key group, which may have ended: the
             # store cannot tell a running job from one that stopped.

@@ -60,6 +60,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "Entries in the in-memory LRU (tier 1) per subtask; at least 1."),
     OptionSpec("local.enabled", "local_enabled", True,
                "Keep evicted entries in an embedded RocksDB (tier 2) per subtask."),
+    OptionSpec("local.recovery", "local_recovery", True,
+               "Task-local recovery: a failed or cancelled attempt leaves its RocksDB tier "
+               "to the next attempt of the subtask in the same TaskManager, which deletes "
+               "from it what changed after the restored checkpoint and reads the rest "
+               "locally instead of from the database (as Flink's "
+               "`state.backend.local-recovery` does for its own backends). Needs "
+               "`local.enabled`; a tier not taken over within 60 s is deleted."),
     OptionSpec("local.dir", "local_dir", None,
                "Folder for the RocksDB tier; default: the TaskManager's tmp directory."),
     OptionSpec("write.batch-size", "write_batch_rows", 500,
@@ -218,6 +225,7 @@ class NdbStateOptions:
     password_env: str | None = None
     cache_max_entries: int = 10_000
     local_enabled: bool = True
+    local_recovery: bool = True
     local_dir: str | None = None
     write_batch_rows: int = 500
     write_async: bool = True

@@ -236,6 +236,8 @@ class LocalSubtask:
         self._stopped = True
         _open_subtasks.discard(self)
         self.backend.protocol.close(drain)
+        if not drain:  # as SubtaskStateBackend.close: a crash leaves tier 2 to the next
+            self.backend.protocol.park_tier()
         self.backend.table.close()
         if self.backend.write_store is not None:
             self.backend.write_store.close()

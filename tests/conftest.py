@@ -25,6 +25,7 @@ from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.stores import StateStore, open_store
 from pyflink_ndb.stores.mysql import parse_mysql_url
 from pyflink_ndb.testing import crash_open_subtasks, open_subtasks
+from pyflink_ndb.tiers import handover
 
 DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
 
@@ -217,6 +218,7 @@ def local_dir() -> Iterator[str]:
     path = fast_tmpdir("pyflink-ndb-local-")
     yield path
     crash_open_subtasks(under=path)  # a subtask left open must not outlive its folder
+    handover.discard_all(under=path)  # nor a tier a crashed one parked (local.recovery)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -227,6 +229,9 @@ def _no_subtask_left_open() -> Iterator[None]:
     before = open_subtasks()
     yield
     crash_open_subtasks(keep=before)
+    # Tiers that crashed subtasks parked for a next attempt (`local.recovery`): a test's
+    # next attempts ran within it; the folders go with the test's.
+    handover.discard_all()
 
 
 @pytest.fixture(autouse=True)

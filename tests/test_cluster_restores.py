@@ -28,6 +28,8 @@ import pytest
 from conftest import drop_namespace
 from standalone_cluster import StandaloneCluster
 
+from pyflink_ndb.cli import STOPPED_NOTE
+
 pytestmark = pytest.mark.flink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -462,8 +464,8 @@ def test_stop_with_savepoint_restore_twice_and_listing(cluster, mysql_url, names
     """stop --savepointPath mid-stream; restore the savepoint twice (exact both times); the
     savepoint stays listed, pinned until released (NO_CLAIM: Flink keeps it). The stopped
     job ran with RETAIN_ON_CANCELLATION, yet Flink deleted its checkpoints when it
-    finished: the listing says so instead of "kept until released" (before 2026-12-07
-    they stayed until released; a later job's retention drops them: test_history.py).
+    finished: the listing says so (it keeps them until released: the job might have
+    failed while stopping, tests/test_stop_then_failure_flink.py).
     (The restored jobs end with their bounded input, which the store does not record:
     their last checkpoints stay listed; README, "What can be restored".)"""
     ensure_two_tms()
@@ -474,9 +476,8 @@ def test_stop_with_savepoint_restore_twice_and_listing(cluster, mysql_url, names
     notes = {s["note"] for s in snapshots(mysql_url, namespace)
              if s["kind"] == "checkpoint" and s["job"] == a}
     # (a periodic checkpoint in flight at the stop stays pending: Flink never completed it)
-    assert "deleted by Flink when its job finished (stop-with-savepoint): releasable" in notes
-    assert notes <= {"readers see it", "pending (not completed)", "deleted by Flink when "
-                     "its job finished (stop-with-savepoint): releasable"}, notes
+    assert STOPPED_NOTE in notes
+    assert notes <= {"readers see it", "pending (not completed)", STOPPED_NOTE}, notes
     for i in range(2):
         done, o = run_attached("-s", sp, *job_args(job_file, mysql_url, namespace, 0))
         assert done.returncode == 0, o[-4000:] + log_tail()

@@ -38,6 +38,7 @@ from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.stores import open_store
 from pyflink_ndb.testing import LocalSubtask, ManualClock, key_group_ranges
 from pyflink_ndb.testing import local_key_group as key_group_of
+from pyflink_ndb.tiers import handover
 from pyflink_ndb.tiers import table as table_module
 
 ANY = Types.PICKLED_BYTE_ARRAY()
@@ -134,6 +135,7 @@ class MapMachine(RuleBasedStateMachine):
             self.store.close()
             if self.URL:
                 drop_namespace(self.URL, self.ns)
+            handover.discard_all(under=self.tmp)  # tiers crashed attempts parked
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- model helpers -------------------------------------------------------------------

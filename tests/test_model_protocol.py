@@ -47,6 +47,7 @@ from pyflink_ndb.stores import StateStore, open_store
 from pyflink_ndb.stores.lineage import Token
 from pyflink_ndb.testing import LocalSubtask, key_group_ranges
 from pyflink_ndb.testing import local_key_group as key_group_of
+from pyflink_ndb.tiers import handover
 
 RETAINED = 3
 KEYS = [0, 1, "k", (2, "t")]
@@ -209,6 +210,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             if self.STORE_KIND == "mysql":
                 drop_namespace(self.MYSQL_URL, self.namespace)
         finally:
+            handover.discard_all(under=self.tmp)  # tiers crashed attempts parked
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     # -- reading --------------------------------------------------------------------------

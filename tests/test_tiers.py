@@ -158,7 +158,9 @@ def test_closing_a_subtask_leaves_tier_2_cleanup_to_a_thread_of_its_own(tmp_path
     from pyflink_ndb.testing import LocalSubtask
 
     store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path / 'db.sqlite'}"))
-    subtask = LocalSubtask(store, local_dir=str(tmp_path / "local"))
+    # (with local.recovery a cancelled attempt's tier 2 waits for the next attempt)
+    subtask = LocalSubtask(store, NdbStateOptions(local_recovery=False),
+                           local_dir=str(tmp_path / "local"))
     counter = subtask.context.get_state(ValueStateDescriptor("n", Types.LONG()))
     for key in range(50):
         subtask.key(key)

@@ -82,6 +82,7 @@ from pyflink_ndb.stores.lineage import (
     version_of,
 )
 from pyflink_ndb.stores.render_process import STALL_SECONDS, Rendered, RenderProcess
+from pyflink_ndb.tiers import handover
 from pyflink_ndb.tiers.table import FrozenEpoch, TieredTable
 
 log = logging.getLogger(__name__)
@@ -243,6 +244,11 @@ class CheckpointProtocol:
         self.last_dirty_entries = 0
         self.restore_ms = 0.0
         self.table = table
+        table.track_epochs = options.local_recovery
+        #: Entries of a failed attempt's tier 2 this attempt took over (`local.recovery`),
+        #: and those it deleted from it as changed after the restored checkpoint (None: no
+        #: take-over).
+        self.taken_over: tuple[int, int] | None = None
         self.options = options
         self.scope = scope
         self.clock_ms = clock_ms
@@ -281,7 +287,7 @@ class CheckpointProtocol:
         #: Kind of each snapshot this attempt took, by checkpoint id.
         self._kinds: dict[int, str] = {}
         #: The synchronous savepoint of a stop-with-savepoint this attempt took, and
-        #: whether Flink completed it (then a normal close records the job's end).
+        #: whether Flink completed it (then a normal close records the stop).
         self._stop_savepoint: int | None = None
         self._stop_completed = False
         #: Version ranges of the parent attempt whose entries garbage collection has yet
@@ -404,6 +410,7 @@ class CheckpointProtocol:
             # Nothing inherited there: every version of these key groups is this attempt's
             # own, and tier 2 holds all of them (docs/protocol.md, "Visibility").
             self.table.store_has_nothing = lambda kg: not lineage.segment(kg).inherited
+        self._take_over(mine)
         self.restore_ms = (time.perf_counter() - started) * 1000
         log.info("pyflink-ndb %s/%d (attempt %d) claimed key groups %d-%d as branch %d (%s) "
                  "in %.0f ms", s.operator, s.subtask_index, s.attempt, s.key_group_start,
@@ -416,6 +423,50 @@ class CheckpointProtocol:
                      "(Flink's claim mode NO_CLAIM or LEGACY): it stays restorable until "
                      "`pyflink-ndb release` (listed by `pyflink-ndb savepoints --all`)",
                      s.operator, restored.checkpoint_id, ", ".join(sorted(taken_by)))
+
+    def _take_over(self, mine: Sequence[Token]) -> None:
+        """Task-local recovery (`local.recovery`): take over the tier 2 that the attempt
+        which took the restored snapshot parked when it failed or was cancelled
+        (:mod:`pyflink_ndb.tiers.handover`), when it ran in this interpreter with the same
+        key groups; what it changed after the snapshot is deleted from it
+        (:meth:`TieredTable.adopt`). Its branch's nonce, which the token carries, names
+        it: a tier of another namespace, database or run is never taken."""
+        s = self.scope
+        if not self.options.local_recovery or self.table.local is None or len(mine) != 1:
+            return
+        token = mine[0]
+        if (token.kg_start, token.kg_end) != (s.key_group_start, s.key_group_end):
+            return
+        parked = handover.take(token.nonce)
+        if parked is None:
+            return
+        if parked.operator != s.operator or (parked.kg_start, parked.kg_end) != (
+                s.key_group_start, s.key_group_end):
+            parked.local.destroy(wait=False)
+            return
+        dropped = self.table.adopt(parked, token.epoch)
+        if dropped is None:
+            log.info("pyflink-ndb %s/%d: the failed attempt's tier 2 does not track "
+                     "checkpoint %d any more: not taken over", s.operator, s.subtask_index,
+                     token.epoch)
+            return
+        self.taken_over = (parked.local.entry_count(), dropped)
+        log.info("pyflink-ndb %s/%d: took over the failed attempt's tier 2 for checkpoint "
+                 "%d (local.recovery): about %d entries, %d changed after it deleted",
+                 s.operator, s.subtask_index, token.epoch, self.taken_over[0], dropped)
+
+    def park_tier(self) -> bool:
+        """The attempt ends without a normal close (failure, cancel): leave tier 2 for
+        the next attempt (`local.recovery`); True when parked (the table no longer holds
+        it). Not while the writer may still read it."""
+        if not self.options.local_recovery or self.writer.alive or self.branch == 0:
+            return False
+        s = self.scope
+        parked = self.table.park(s.operator, s.key_group_start, s.key_group_end)
+        if parked is None:
+            return False
+        handover.park(self.nonce, parked)
+        return True
 
     def _check_restorable(self, tokens: Sequence[Token], snapshots: Sequence[SnapshotRow]
                           ) -> None:
@@ -552,7 +603,7 @@ class CheckpointProtocol:
 
         :param ends_job: the savepoint is synchronous: a stop-with-savepoint's, after which
             the job finishes (Flink's `SavepointType.isSynchronous`). Once Flink completed
-            it, a normal :meth:`close` records the job's end (:meth:`StateStore.record_end`).
+            it, a normal :meth:`close` records the stop (:meth:`StateStore.record_end`).
 
         :returns: the token to store in Flink's union list state.
         :raises FencedError: a newer attempt owns these key groups (seen by an earlier job).
@@ -566,6 +617,7 @@ class CheckpointProtocol:
         kind = kind or (KIND_SAVEPOINT if is_savepoint else KIND_CHECKPOINT)
         started = time.perf_counter()
         frozen = self.table.freeze()
+        self.table.note_epoch(checkpoint_id, frozen)
         self.last_dirty_entries = len(frozen.entries)
         self._in_flight[checkpoint_id] = frozen
         self._kinds[checkpoint_id] = kind
@@ -784,6 +836,8 @@ class CheckpointProtocol:
         kind = self._kinds.pop(checkpoint_id, None)
         if checkpoint_id == self._stop_savepoint:
             self._stop_completed = True
+        if kind is not None and kind != KIND_SAVEPOINT:
+            self.table.forget_epochs_through(checkpoint_id)
         self.writer.submit(Job(lambda: self._complete_job(fence, checkpoint_id, kind),
                                name=f"completion of checkpoint {checkpoint_id}"))
         if self.writer.inline:
@@ -887,12 +941,12 @@ class CheckpointProtocol:
         its rows).
 
         With `drain`, after a stop-with-savepoint whose savepoint Flink completed, the
-        branch records that the job ended (:meth:`_record_end`) before the writer stops."""
+        branch records that the stop ended it (:meth:`_record_end`) before the writer stops."""
         if drain and self._stop_completed and self.fence is not None:
             fence, savepoint = self.fence, self._stop_savepoint
             assert savepoint is not None
             self.writer.submit(Job(lambda: self._record_end(fence, savepoint),
-                                   name="record of the job's end"))
+                                   name="record of the stop"))
         if drain and not self.writer.wait_idle(self.options.db_retry_deadline_ms / 1000 + 10,
                                                foreground_only=True):
             log.warning("pyflink-ndb %s/%d: the background writer did not finish its queue "
@@ -909,18 +963,17 @@ class CheckpointProtocol:
 
     def _record_end(self, fence: Fence, savepoint: int) -> None:
         """Writer: record in this branch's origin that stop-with-savepoint `savepoint`
-        ended the job. Flink deletes a finished job's retained checkpoints
-        (`CheckpointProperties`: RETAIN_ON_CANCELLATION discards on a finished job), so
-        later runs' retention may subsume them (:func:`~pyflink_ndb.stores.base.
-        finished_runs`); before 2026-12-07 they stayed until `pyflink-ndb release`. A
-        failure only keeps them longer (storage): it is logged, the close goes on."""
+        ended this subtask (:meth:`StateStore.record_end`). Flink deletes a finished job's
+        retained checkpoints (`CheckpointProperties`), but the job may still fail while
+        stopping (another task's failure): the record only tells the listing
+        (:func:`~pyflink_ndb.stores.base.stopped_runs`), and retention keeps the
+        checkpoints. A failure is logged; the close goes on."""
         try:
             self.wstore.record_end(fence, savepoint)
         except Exception as err:  # storage only: never fail a normal end for it
             log.warning("pyflink-ndb %s/%d: could not record that stop-with-savepoint %d "
-                        "ended the job (its retained checkpoints stay listed until `pyflink-"
-                        "ndb release`): %s", self.scope.operator, self.scope.subtask_index,
-                        savepoint, err)
+                        "ended the subtask (the listing does not say so): %s",
+                        self.scope.operator, self.scope.subtask_index, savepoint, err)
 
     def _interrupt(self) -> None:
         """End the writer's statement in flight, on its own connection and on the write

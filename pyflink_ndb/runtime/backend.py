@@ -635,7 +635,7 @@ class SubtaskStateBackend:
         :param is_savepoint: Flink's `SnapshotType.isSavepoint`.
         :param ends_job: a stop-with-savepoint's synchronous savepoint
             (`SavepointType.isSynchronous`): once it completed, a normal close records
-            that the job ended (:meth:`CheckpointProtocol.snapshot`).
+            the stop (:meth:`CheckpointProtocol.snapshot`).
         :returns: the token (JSON text) the bridge stores in Flink's union list state.
         """
         return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint),
@@ -688,8 +688,12 @@ class SubtaskStateBackend:
                 log.warning("pyflink-ndb %s/%d: tier 2 left open for the background writer",
                             self.info.operator, self.info.subtask_index)
             else:
-                # Tier 2's RocksDB flushes and its folder is deleted in a thread of its
-                # own: Flink deploys the next attempt only once this one is closed.
+                # A failed or cancelled attempt leaves tier 2 to the next attempt here
+                # (`local.recovery`); otherwise its RocksDB flushes and its folder is
+                # deleted in a thread of its own: Flink deploys the next attempt only once
+                # this one is closed.
+                if not drain:
+                    self.protocol.park_tier()
                 self.table.close(wait=False)
                 tiers_ms = (time.perf_counter() - started) * 1000 - writer_ms
         finally:

@@ -210,10 +210,11 @@ class BranchOrigin(NamedTuple):
     #: The branch's random identity, which its snapshots' tokens carry (None: not
     #: recorded, before 2026-12-07).
     nonce: str | None
-    #: The stop-with-savepoint that ended the branch's job: the checkpoint id of the
-    #: synchronous savepoint that completed before its subtask closed normally
-    #: (:meth:`StateStore.record_end`); None: not ended so, or not recorded (a job that
-    #: failed, was cancelled, reached the end of its input, or ran before 2026-12-07).
+    #: The stop-with-savepoint that ended the branch's subtask: the checkpoint id of the
+    #: synchronous savepoint that completed before it closed normally
+    #: (:meth:`StateStore.record_end`; the job may still have failed while stopping);
+    #: None: not ended so, or not recorded (a failure, a cancel, the end of its input, or
+    #: a branch made before 2026-12-07).
     ended: int | None = None
 
     @staticmethod
@@ -280,14 +281,12 @@ def retained_by_other_runs(origins: Mapping[int, BranchOrigin],
     not per key group; the one more that the run's own retention kept for readers goes.
     Found by a breaker: a later job that resumed or restored in a cancelled job's history
     subsumed the cancelled job's retained checkpoints, and restoring one of them failed.
-    Not of a run that a stop-with-savepoint ended (:func:`finished_runs`): Flink deleted
-    its checkpoints when the job finished."""
+    Also of a run whose subtasks recorded a stop-with-savepoint (:func:`stopped_runs`):
+    the job may have failed while stopping, and Flink keeps them then."""
     by_run: dict[str, list[SnapshotRow]] = {}
-    finished = finished_runs(origins)
     for r in snapshots:
         o = origins.get(r.branch)
-        if o is not None and o.retains and o.run != run and r.kind != KIND_SAVEPOINT \
-                and o.run not in finished:
+        if o is not None and o.retains and o.run != run and r.kind != KIND_SAVEPOINT:
             by_run.setdefault(o.run, []).append(r)
     kept: set[tuple[int, int]] = set()
     for rows in by_run.values():
@@ -298,20 +297,19 @@ def retained_by_other_runs(origins: Mapping[int, BranchOrigin],
     return kept - {key for o in origins.values() for key in o.claimed}
 
 
-def finished_runs(origins: Mapping[int, BranchOrigin]) -> set[str]:
-    """The runs of `origins` that a stop-with-savepoint ended: the job reached FINISHED,
-    and Flink deleted its retained checkpoints then, whatever its retention policy
-    (`CheckpointProperties`: RETAIN_ON_CANCELLATION and RETAIN_ON_FAILURE both discard
-    on a finished job; only a cancelled, failed or suspended job keeps them).
+def stopped_runs(origins: Mapping[int, BranchOrigin]) -> set[str]:
+    """The runs of `origins` whose subtasks recorded a stop-with-savepoint
+    (:attr:`BranchOrigin.ended`): every branch of the run made after the first that
+    recorded it recorded it too (a failover after the savepoint makes new branches, which
+    record nothing).
 
-    A run counts as finished when one of its branches recorded its end
-    (:attr:`BranchOrigin.ended`) and every branch of the run made after that one did too:
-    a failover after the savepoint (a failure while the job was finishing) makes new
-    branches of the run, which record no end, and that run may yet be cancelled with its
-    checkpoints kept. Branch ids grow with time (:meth:`StateStore.allocate_branch`).
-    Missing records (a subtask whose record failed, a job that ended at the end of its
-    input, branches of older versions) only keep checkpoints longer (storage), never drop
-    one that Flink keeps.
+    Used for the listing only (`pyflink-ndb savepoints --all`): Flink deletes a finished
+    job's retained checkpoints (`CheckpointProperties` discards them on FINISHED), but a
+    subtask cannot tell that its job reached FINISHED. A task that fails after the stop's
+    savepoint completed ends the stop with `StopWithSavepointStoppingException` and the
+    job FAILED, with no restart, and Flink keeps the checkpoints then (a breaker's find:
+    deleting them on this record lost the job's retained checkpoints). So retention keeps
+    them (:func:`retained_by_other_runs`) until `pyflink-ndb release`.
     """
     by_run: dict[str, list[int]] = {}
     for branch, o in origins.items():
@@ -1388,11 +1386,11 @@ class StateStore(ABC):
             "ORDER BY branch_id", (operator,))]
 
     def record_end(self, fence: Fence, savepoint_id: int) -> None:
-        """Record in the fence's branch row that a stop-with-savepoint ended its job:
+        """Record in the fence's branch row that a stop-with-savepoint ended its subtask:
         `savepoint_id`, the synchronous savepoint that completed before the subtask closed
-        normally (:attr:`BranchOrigin.ended`; the origin's `ended`), fenced. Retention of
-        later runs then subsumes the run's checkpoints, which Flink deleted when the job
-        finished (:func:`finished_runs`)."""
+        normally (:attr:`BranchOrigin.ended`; the origin's `ended`), fenced. The listing
+        then says that Flink deleted the run's checkpoints unless the job failed while
+        stopping (:func:`stopped_runs`)."""
         def work() -> None:
             rows = self._query(f"SELECT origin FROM {self.t_branches} WHERE branch_id = ?",
                                (fence.branch,))
@@ -1403,7 +1401,7 @@ class StateStore(ABC):
             self._execute(f"UPDATE {self.t_branches} SET origin = ? WHERE branch_id = ?",
                           (json.dumps(origin, separators=(",", ":")), fence.branch))
 
-        self._txn("record the job's end", work, fence)
+        self._txn("record the stop", work, fence)
 
     # -- snapshots ------------------------------------------------------------------------
     def insert_snapshot(self, fence: Fence, epoch: int, kind: str, job_id: str) -> None:

@@ -99,6 +99,11 @@ class LocalTier:
     def delete(self, state_id: int, ukey: bytes) -> None:
         del self._db[self._key(state_id, ukey)]
 
+    def entry_count(self) -> int:
+        """RocksDB's estimate of the entries held (`rocksdb.estimate-num-keys`: deletions
+        not yet compacted away may be counted)."""
+        return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
+
     def iter_prefix(self, state_id: int, prefix: bytes
                     ) -> Iterator[tuple[bytes, bytes | None, int, int | None]]:
         """(ukey, value, key_group, expires_at_ms) of every entry whose ukey starts with
@@ -149,6 +154,11 @@ class LocalTier:
         def release() -> None:
             try:
                 if db is not None:
+                    # The close flushes the memtable (no write-ahead log) into the folder;
+                    # one deleted meanwhile (a tmp cleaner) would make RocksDB retry the
+                    # flush every second for good, on the one flush thread every RocksDB
+                    # of the process shares: every later close would wait behind it.
+                    path.mkdir(parents=True, exist_ok=True)
                     db.close()
             finally:
                 shutil.rmtree(path, ignore_errors=True)

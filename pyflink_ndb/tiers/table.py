@@ -29,6 +29,7 @@ from pyflink_ndb.serialization.keys import KeyJsonMemo, entry_prefix, key_json
 from pyflink_ndb.stores.base import MAX_UKEY_BYTES, StateStore, StoredVersion, WriteRow
 from pyflink_ndb.stores.lineage import Ranges
 from pyflink_ndb.tiers.cache import WriteBackLRU
+from pyflink_ndb.tiers.handover import ParkedTier
 from pyflink_ndb.tiers.key_filter import KeyFilter
 from pyflink_ndb.tiers.local import LocalTier, unpack
 
@@ -176,6 +177,13 @@ class TieredTable:
         self.read_ahead_queries = 0
         #: Changes with every snapshot: lets a state tell "written in this epoch" apart.
         self.epoch_token = uuid.uuid4().int >> 64
+        #: `local.recovery`: remember which entries each epoch froze since the newest
+        #: checkpoint known completed (:meth:`note_epoch`), so that a failed attempt's
+        #: tier 2 can be made exact for the checkpoint its next attempt restores
+        #: (:meth:`park`, :meth:`adopt`).
+        self.track_epochs = False
+        self._epoch_entries: dict[int, dict[EntryId, Entry | None]] = {}
+        self._epochs_floor = 0
 
     # -- tier 1 bookkeeping ---------------------------------------------------------------
     def _prefix(self, ukey: bytes) -> bytes:
@@ -575,6 +583,69 @@ class TieredTable:
         self.epoch_token = uuid.uuid4().int >> 64
         return frozen
 
+    def note_epoch(self, checkpoint_id: int, frozen: FrozenEpoch) -> None:
+        """`frozen` is the epoch of checkpoint `checkpoint_id` (with :attr:`track_epochs`
+        and tier 2: its entries are remembered until :meth:`forget_epochs_through`; the
+        frozen dict itself, O(1))."""
+        if self.track_epochs and self.local is not None:
+            self._epoch_entries[checkpoint_id] = frozen.entries
+
+    def forget_epochs_through(self, checkpoint_id: int) -> None:
+        """Checkpoint `checkpoint_id` completed: a failover restores it or a later one
+        (Flink restores its latest completed checkpoint), so the epochs up to it need not
+        be told apart any more."""
+        if checkpoint_id <= self._epochs_floor:
+            return
+        self._epochs_floor = checkpoint_id
+        for cid in [c for c in self._epoch_entries if c <= checkpoint_id]:
+            del self._epoch_entries[cid]
+
+    def park(self, operator: str, kg_start: int, kg_end: int) -> ParkedTier | None:
+        """An attempt that ends without a normal close (failure, cancel): hand tier 2
+        over for the next attempt (`local.recovery`, :mod:`pyflink_ndb.tiers.handover`)
+        instead of destroying it. None without tier 2 or :attr:`track_epochs`.
+
+        Tier 2 holds, for each entry, the latest content that left tier 1, which for an
+        entry that tier 1 holds changed (or read from the store) is older than tier 1's,
+        which is lost: those entries go with the ones changed since the last freeze
+        (:attr:`ParkedTier.after_last`, deleted by :meth:`adopt`, not here: a failed
+        task's close delays its next attempt). What changed when is in the tier
+        (:attr:`ParkedTier.changed`). Tier 2 is this table's no longer.
+        """
+        local = self.local
+        if local is None or not self.track_epochs:
+            return None
+        changed = {cid: set(entries) for cid, entries in self._epoch_entries.items()}
+        # in_tier2 False: tier 2 holds an older copy, or none
+        after_last = set(self._dirty) | {eid for eid, e in self._tier1.items() if not e[3]}
+        self.local = None
+        self._epoch_entries = {}
+        return ParkedTier(local, operator, kg_start, kg_end, changed, after_last,
+                          self._epochs_floor)
+
+    def adopt(self, parked: ParkedTier, restored_epoch: int) -> int | None:
+        """Take over `parked` as tier 2 for a restore of checkpoint `restored_epoch` of
+        the branch that parked it: the entries it changed after that checkpoint are
+        deleted from it (reads of them go to the store, as after any restore); every other
+        entry it holds has its content at that checkpoint. Returns the entries deleted, or
+        None when it cannot serve this restore (an epoch it no longer tracks: the tier is
+        destroyed, and this table keeps its own empty tier 2)."""
+        if restored_epoch < parked.floor or (restored_epoch != parked.floor
+                                              and restored_epoch not in parked.changed):
+            parked.local.destroy(wait=False)
+            return None
+        stale = set(parked.after_last)
+        for cid, entries in parked.changed.items():
+            if cid > restored_epoch:
+                stale |= entries
+        for state_id, ukey in stale:
+            parked.local.delete(state_id, ukey)
+        own = self.local
+        self.local = parked.local
+        if own is not None:
+            own.destroy(wait=False)
+        return len(stale)
+
     def render(self, frozen: FrozenEpoch, json_of: Callable[[int, bytes], str | None] | None,
                between: Callable[[], None] | None = None) -> list[WriteRow]:
         """The rows that write `frozen`, all at once: the list of :meth:`rows_of`."""
@@ -649,6 +720,8 @@ class TieredTable:
         self._dirty_bytes = 0
         self._dirty_in_local = 0
         self._frozen = []
+        self._epoch_entries = {}
+        self._epochs_floor = 0
         self.key_filter = None
         self.scanned_prefixes = set()
         self.on_absent_reads = None
