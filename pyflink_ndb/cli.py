@@ -206,8 +206,15 @@ def _release(url: str, namespace: str, operator: str, checkpoint_id: int,
         found = [r for r in snapshots if r.epoch == checkpoint_id
                  and (not branches or r.branch in branches) and (job is None or r.job_id == job)]
         if not found:
-            listing = "; ".join(f"{r.kind} {r.epoch} ({r.status}, job {r.job_id}, --branch "
-                                f"{r.branch})" for r in snapshots)
+            # One line per snapshot of a job (its subtasks' rows together): --job tells
+            # two jobs' same checkpoint id apart, --branch one subtask's part.
+            grouped: dict[tuple[int, str, str], list[SnapshotRow]] = {}
+            for r in snapshots:
+                grouped.setdefault((r.epoch, r.kind, r.job_id), []).append(r)
+            listing = "; ".join(
+                f"{kind} {epoch} ({'/'.join(sorted({r.status for r in rows}))}, job {job_id}, "
+                f"{len(rows)} subtask snapshot(s))"
+                for (epoch, kind, job_id), rows in sorted(grouped.items()))
             raise click.ClickException(
                 f"Operator {operator!r} has no snapshot {checkpoint_id}"
                 + (" with that --job/--branch" if branches or job else "")

@@ -348,6 +348,8 @@ def test_savepoints_lists_pins_and_release_frees_one(flights: Flights):
     out = run("release", *base(flights), "--operator", OPERATOR, "--checkpoint", "99",
               ok=False)
     assert "has no snapshot 99" in out.output and "savepoint 4" in out.output
+    # one entry per snapshot of a job, not one per subtask branch (a new user's find)
+    assert "subtask snapshot(s)" in out.output and "--branch" not in out.output
     out = run("savepoints", *base(flights), "--operator", "nope", ok=False)
     assert f"its operators: {OPERATOR}" in out.output
 
