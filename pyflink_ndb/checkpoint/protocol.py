@@ -297,8 +297,8 @@ class CheckpointProtocol:
         self._lineages: dict[int, Lineage] = {}
         #: Per branch of the operator, what retention needs of its origin. Loaded once
         #: per attempt, at its first garbage collection (:meth:`_left_to_the_user`):
-        #: branch rows change only when their job ends (:meth:`StateStore.record_end`),
-        #: and an end recorded later only keeps checkpoints longer for this attempt.
+        #: branch rows change only when a stop-with-savepoint ends their subtask
+        #: (:meth:`StateStore.record_end`), which only the listing reads.
         self._origins: dict[int, BranchOrigin] = {}
 
     def set_json_renderers(self, renderers: Mapping[int, JsonRenderer]) -> None:
