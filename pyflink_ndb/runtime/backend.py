@@ -48,7 +48,7 @@ from pyflink_ndb.serialization.values import (
 from pyflink_ndb.stores.base import StateStore, now_ms
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.lineage import Token
-from pyflink_ndb.tiers.local import LocalTier
+from pyflink_ndb.tiers.local import PROCESS_FOLDER, LocalTier
 from pyflink_ndb.tiers.table import TieredTable
 
 log = logging.getLogger(__name__)
@@ -206,13 +206,15 @@ class SubtaskStateBackend:
         self._closed = False
         self.store = store if store is not None else open_store(options)
         self._local: LocalTier | None = None
+        self.tier_folder: str | None = None
         self.write_store: StateStore | None = None
         try:
             local = None
             if options.local_enabled:
                 base = options.local_dir or info.local_dir or os.path.join(
                     os.environ.get("TMPDIR", "/tmp"))
-                path = os.path.join(base, "pyflink-ndb", info.job_id,
+                self.tier_folder = os.path.join(base, "pyflink-ndb", PROCESS_FOLDER)
+                path = os.path.join(self.tier_folder, info.job_id,
                                     f"{_safe(info.operator)}-{info.subtask_index}-{info.attempt}-"
                                     f"{uuid.uuid4().hex[:8]}")
                 local = LocalTier(path)
@@ -640,6 +642,11 @@ class SubtaskStateBackend:
         """
         return self.protocol.snapshot(int(checkpoint_id), bool(is_savepoint),
                                       ends_job=bool(ends_job)).to_json()
+
+    def process_tier_folder(self) -> str | None:
+        """The folder of this process's tier-2 folders under this subtask's base (None
+        without tier 2): the bridge deletes it when the JVM exits."""
+        return self.tier_folder
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self.protocol.complete(int(checkpoint_id))

@@ -13,11 +13,14 @@ attempts meet here: a registry per interpreter, keyed by the random identity (no
 the branch that parked the tier, which the restored snapshot's token carries. A parked
 tier that no attempt takes within :data:`PARKED_TTL_S` (the job was cancelled, or Flink
 deployed the next attempt on another TaskManager) is destroyed, and so are the oldest when
-more than :data:`PARKED_MAX` wait.
+more than :data:`PARKED_MAX` wait, and every one when the interpreter ends (a breaker's
+find: a local job that failed for good left its folders in tmp; a TaskManager killed
+with SIGKILL still leaves them, as it leaves its running attempts' folders).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -105,6 +108,13 @@ def discard_all(under: str | None = None) -> None:
         tiers = [_parked.pop(n) for n in gone]
     for tier in tiers:
         _destroy(tier, "discarded", wait=True)
+
+
+@atexit.register
+def _at_exit() -> None:
+    """The interpreter ends (a TaskManager or local MiniCluster that stops cancels its
+    tasks, which park their tiers): no next attempt will come, so the folders go now."""
+    discard_all()
 
 
 def _expire() -> None:

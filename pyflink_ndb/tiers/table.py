@@ -45,6 +45,8 @@ SCANNED_PREFIXES_MAX = 100_000
 ENTRY_OVERHEAD_BYTES = 120
 #: Rows rendered between two GIL yields of the background writer.
 RENDER_YIELD_ROWS = 256
+#: Epochs whose entries `local.recovery` tracks at most (:meth:`TieredTable.note_epoch`).
+TRACKED_EPOCHS_MAX = 16
 
 
 class Entry(NamedTuple):
@@ -182,7 +184,9 @@ class TieredTable:
         #: tier 2 can be made exact for the checkpoint its next attempt restores
         #: (:meth:`park`, :meth:`adopt`).
         self.track_epochs = False
-        self._epoch_entries: dict[int, dict[EntryId, Entry | None]] = {}
+        #: Per tracked checkpoint id, its frozen entries: the frozen dict while the epoch
+        #: is in flight, then its keys only (:meth:`release`: the values are not kept).
+        self._epoch_entries: dict[int, dict[EntryId, Entry | None] | frozenset[EntryId]] = {}
         self._epochs_floor = 0
 
     # -- tier 1 bookkeeping ---------------------------------------------------------------
@@ -586,9 +590,14 @@ class TieredTable:
     def note_epoch(self, checkpoint_id: int, frozen: FrozenEpoch) -> None:
         """`frozen` is the epoch of checkpoint `checkpoint_id` (with :attr:`track_epochs`
         and tier 2: its entries are remembered until :meth:`forget_epochs_through`; the
-        frozen dict itself, O(1))."""
+        frozen dict itself, O(1), until it is durable). At most
+        :data:`TRACKED_EPOCHS_MAX` epochs are tracked: beyond, the oldest is forgotten as
+        if it completed (a restore of it or older then reads the store; found by a
+        breaker: checkpoints that never complete, or savepoints only, kept every epoch)."""
         if self.track_epochs and self.local is not None:
             self._epoch_entries[checkpoint_id] = frozen.entries
+            while len(self._epoch_entries) > TRACKED_EPOCHS_MAX:
+                self.forget_epochs_through(min(self._epoch_entries))
 
     def forget_epochs_through(self, checkpoint_id: int) -> None:
         """Checkpoint `checkpoint_id` completed: a failover restores it or a later one
@@ -684,8 +693,13 @@ class TieredTable:
                            self.key_json(ukey))
 
     def release(self, frozen: FrozenEpoch) -> None:
-        """`frozen` is durable in the store: it no longer answers reads."""
+        """`frozen` is durable in the store: it no longer answers reads (and a tracked
+        epoch keeps its keys only, not its values: :meth:`note_epoch`)."""
         self._frozen = [f for f in self._frozen if f is not frozen]
+        for cid, entries in self._epoch_entries.items():
+            if entries is frozen.entries:
+                self._epoch_entries[cid] = frozenset(entries)
+                break
 
     def take_back(self, failed: list[FrozenEpoch]) -> int:
         """The writes of `failed` (oldest first) did not become a snapshot: their entries

@@ -194,6 +194,10 @@ final class StateBackendHooks {
                         + PY_LISTENER
                         + ")");
         boundInterpreter = interpreter;
+        Object tierFolder = interpreter.invokeMethod(PY_BACKEND, "process_tier_folder");
+        if (tierFolder instanceof String) {
+            TierFolders.deleteAtExit((String) tierFolder);
+        }
         TaskInfo ti = operator.getRuntimeContext().getTaskInfo();
         LOG.info(
                 "pyflink-ndb: bound Python state backend for {} (operator {}), restored checkpoint {}, "
