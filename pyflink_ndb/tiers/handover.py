@@ -13,9 +13,10 @@ attempts meet here: a registry per interpreter, keyed by the random identity (no
 the branch that parked the tier, which the restored snapshot's token carries. A parked
 tier that no attempt takes within :data:`PARKED_TTL_S` (the job was cancelled, or Flink
 deployed the next attempt on another TaskManager) is destroyed, and so are the oldest when
-more than :data:`PARKED_MAX` wait, and every one when the interpreter ends (a breaker's
-find: a local job that failed for good left its folders in tmp; a TaskManager killed
-with SIGKILL still leaves them, as it leaves its running attempts' folders).
+more than :data:`PARKED_MAX` wait, and every one when the interpreter ends (`atexit`, which
+the JVM's embedded interpreter does not run: there the bridge registers a JVM exit hook for
+the process's tier folder, `TierFolders.java`; a breaker's run of a local job that failed
+for good still found the folders left, cause not established).
 """
 
 from __future__ import annotations
