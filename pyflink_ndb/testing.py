@@ -25,6 +25,7 @@ from pyflink_ndb.runtime.backend import BindInfo, SubtaskStateBackend
 from pyflink_ndb.serialization.keys import encode_key
 from pyflink_ndb.stores.base import StateStore
 from pyflink_ndb.stores.lineage import Token
+from pyflink_ndb.tiers import handover
 
 
 @dataclass
@@ -272,6 +273,10 @@ def crash_open_subtasks(under: str | None = None,
                           and Path(t.local_dir).resolve().is_relative_to(Path(under).resolve())))]
     for subtask in left:
         subtask.crash()
+        # and no tier it parked for a next attempt (`local.recovery`) outlives the folder
+        parked = handover.take(subtask.backend.protocol.nonce)
+        if parked is not None:
+            parked.local.destroy(wait=True)
     return len(left)
 
 
