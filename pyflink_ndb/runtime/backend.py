@@ -48,7 +48,8 @@ from pyflink_ndb.serialization.values import (
 from pyflink_ndb.stores.base import StateStore, now_ms
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.lineage import Token
-from pyflink_ndb.tiers.local import PROCESS_FOLDER, LocalTier
+from pyflink_ndb.tiers.folders import process_folder
+from pyflink_ndb.tiers.local import LocalTier
 from pyflink_ndb.tiers.table import TieredTable
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ class SubtaskStateBackend:
             if options.local_enabled:
                 base = options.local_dir or info.local_dir or os.path.join(
                     os.environ.get("TMPDIR", "/tmp"))
-                self.tier_folder = os.path.join(base, "pyflink-ndb", PROCESS_FOLDER)
+                self.tier_folder = process_folder(base)
                 path = os.path.join(self.tier_folder, info.job_id,
                                     f"{_safe(info.operator)}-{info.subtask_index}-{info.attempt}-"
                                     f"{uuid.uuid4().hex[:8]}")

@@ -8,11 +8,9 @@ one state's entries of one Flink key are contiguous and can be iterated by prefi
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import struct
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +18,6 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteOptions
 
 log = logging.getLogger(__name__)
-
-#: This process's folder under a tier-2 base folder (`<base>/pyflink-ndb/<PROCESS_FOLDER>/
-#: <job id>/<attempt's folder>`): the bridge has the JVM delete it when it exits
-#: (`TierFolders.java`; the embedded interpreter runs no `atexit` handler then), since no
-#: tier 2 outlives its process.
-PROCESS_FOLDER = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 _HEADER = struct.Struct(">bhq")  # has_value, key_group, expires_at_ms (-1 = none)
 _pack_header = _HEADER.pack

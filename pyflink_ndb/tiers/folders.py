@@ -1,0 +1,129 @@
+"""The process folders of tier 2: `<base>/pyflink-ndb/<PROCESS_FOLDER>/`, one per process
+and base folder, and the sweep of those whose process is gone.
+
+Tier 2 never outlives its process (a restore starts from tier 3, or from a tier the same
+process parked: `pyflink_ndb.tiers.handover`). A process that ends normally deletes its
+folder (the interpreter's `atexit` for parked tiers; the bridge's JVM exit hook,
+`TierFolders.java`, for the embedded interpreter of a TaskManager or a local MiniCluster).
+A process that is killed (SIGKILL, an out-of-memory kill, a lost container) or whose exit
+hooks did not run (a breaker's local MiniCluster run that failed for good left its parked
+tiers) leaves its folder behind. Flink likewise deletes its own local-state folders of
+allocations that no slot holds any more
+(`TaskExecutorLocalStateStoresManager.retainLocalStateForAllocations`).
+
+**The claim.** Each process holds an exclusive `flock` on `<folder>/.owner.lock` for its
+whole life: the kernel releases it when the process ends, however it ends, so a lock that
+can be taken belongs to nobody. The lock file is locked under a temporary name and only
+then renamed to `.owner.lock`, so a folder whose `.owner.lock` exists is claimed unless
+its process is gone.
+
+**The sweep.** When a process claims its folder under a base, it deletes every sibling
+`p<pid>-<hex>` folder whose `.owner.lock` it can lock. A folder without `.owner.lock` (one
+being claimed this instant, or one of a version before this sweep) is left alone. Without
+`fcntl` (not POSIX) nothing is claimed nor swept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+#: This process's folder under a tier-2 base folder (`<base>/pyflink-ndb/<PROCESS_FOLDER>/
+#: <job id>/<attempt's folder>`).
+PROCESS_FOLDER = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"
+#: The file whose `flock` claims a process folder.
+OWNER_LOCK = ".owner.lock"
+#: The folders the sweep considers: the names :data:`PROCESS_FOLDER` takes.
+PROCESS_FOLDER_NAME = re.compile(r"p\d+-[0-9a-f]{8}")
+
+_lock = threading.Lock()
+#: Claimed process folders of this process: folder -> the open, locked lock file.
+_claimed: dict[str, IO[bytes]] = {}
+
+
+def process_folder(base: str) -> str:
+    """This process's tier-2 folder under `base`, created and claimed at the first call for
+    that base, which also sweeps the folders of processes that are gone (module docstring).
+
+    :param base: the tier-2 base folder (`state.backend.ndb.local.dir`, Flink's local
+        folder or `$TMPDIR`).
+    :returns: `<base>/pyflink-ndb/<PROCESS_FOLDER>`.
+    :raises OSError: the folder cannot be created (a sweep's failure is only logged).
+    """
+    root = os.path.join(base, "pyflink-ndb")
+    folder = os.path.join(root, PROCESS_FOLDER)
+    with _lock:
+        if folder in _claimed or fcntl is None:
+            os.makedirs(folder, exist_ok=True)
+            return folder
+        os.makedirs(folder, exist_ok=True)
+        _claimed[folder] = _claim(folder)
+    swept = sweep_orphans(root)
+    if swept:
+        log.info("pyflink-ndb: deleted %d tier-2 folder(s) of ended processes under %s: %s",
+                 len(swept), root, ", ".join(swept))
+    return folder
+
+
+def _claim(folder: str) -> IO[bytes]:
+    """Lock a temporary file in `folder`, then rename it to :data:`OWNER_LOCK`."""
+    temporary = os.path.join(folder, f"{OWNER_LOCK}.{uuid.uuid4().hex[:8]}")
+    handle = open(temporary, "wb")  # noqa: SIM115 - held open for the process's life
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.replace(temporary, os.path.join(folder, OWNER_LOCK))
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def sweep_orphans(root: str) -> list[str]:
+    """Delete the process folders under `root` (`<base>/pyflink-ndb`) whose owner lock can
+    be taken: their process has ended. This process's own and unclaimed folders stay.
+
+    :returns: the names of the folders deleted (empty without `fcntl`).
+    """
+    if fcntl is None:
+        return []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    swept = []
+    for name in names:
+        path = Path(root, name)
+        if name == PROCESS_FOLDER or not PROCESS_FOLDER_NAME.fullmatch(name) \
+                or str(path) in _claimed:
+            continue
+        try:
+            handle = open(path / OWNER_LOCK, "rb")  # noqa: SIM115
+        except OSError:
+            continue  # being claimed, or of a version before the claim
+        try:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its process is alive
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                swept.append(name)
+            else:
+                log.warning("pyflink-ndb: could not delete the tier-2 folder %s of an ended "
+                            "process", path)
+        finally:
+            handle.close()
+    return swept

@@ -1,0 +1,112 @@
+"""Tier-2 process folders (`pyflink_ndb.tiers.folders`): a process that is killed leaves its
+folder, and the next process that opens tier 2 under the same base deletes it; the folders
+of live processes, and folders nobody claimed, stay.
+
+Before the sweep, a killed process's folder stayed for good, and so did a local MiniCluster's
+whose job failed for good (the JVM's exit hook did not delete it in a breaker's run: the
+README's known leak, 2026-12-07).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+from pyflink_ndb.tiers import folders
+
+ROOT = Path(__file__).parent.parent
+
+#: Opens a subtask with tier 2 under argv[2], writes 200 values of 1 KB and evicts them
+#: to tier 2, prints its process folder, then kills itself (no atexit, no exit hook) or
+#: waits for its stdin to close and closes the subtask.
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from pyflink.common.typeinfo import Types
+    from pyflink.datastream.state import ValueStateDescriptor
+    from pyflink_ndb.config import NdbStateOptions
+    from pyflink_ndb.stores import open_store
+    from pyflink_ndb.testing import LocalSubtask
+
+    url, local_dir, how = sys.argv[1], sys.argv[2], sys.argv[3]
+    store = open_store(NdbStateOptions(url=url, namespace="folders"))
+    t = LocalSubtask(store, NdbStateOptions(cache_max_entries=1), local_dir=local_dir,
+                     job_id="f" * 32)
+    v = t.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
+    for k in range(200):
+        t.key(k)
+        v.update(b"x" * 1000)
+    t.checkpoint(1)
+    print(t.backend.tier_folder, flush=True)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.stdin.read()
+    t.close()
+    store.close()
+""")
+
+
+def start(tmp_path: Path, local_dir: Path, how: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        # a database of its own: each is a fresh start
+        [sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path / uuid.uuid4().hex}.sqlite",
+         str(local_dir), how], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+
+
+def killed_process_folder(tmp_path: Path, local_dir: Path) -> Path:
+    child = start(tmp_path, local_dir, "kill")
+    out, err = child.communicate(timeout=300)
+    assert child.returncode == -9, err[-3000:]
+    folder = Path(out.strip())
+    assert folder.parent == local_dir / "pyflink-ndb", folder
+    assert sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) > 0
+    return folder
+
+
+def test_the_next_process_deletes_a_killed_process_tier_folder(tmp_path: Path) -> None:
+    local_dir = tmp_path / "local"
+    first = killed_process_folder(tmp_path, local_dir)
+    second = killed_process_folder(tmp_path, local_dir)
+    # the second process's open swept the first's folder; its own is left by its kill
+    assert not first.exists()
+    assert second.exists()
+    assert (second / folders.OWNER_LOCK).exists()
+
+
+def test_a_live_process_folder_and_an_unclaimed_folder_stay(tmp_path: Path) -> None:
+    local_dir = tmp_path / "local"
+    root = local_dir / "pyflink-ndb"
+    dead = killed_process_folder(tmp_path, local_dir)
+    unclaimed = root / "p1-0123abcd"  # being claimed, or from a version before the claim
+    (unclaimed / "job").mkdir(parents=True)
+    other = root / "not-a-process-folder"
+    other.mkdir()
+    live = start(tmp_path, local_dir, "wait")
+    try:
+        assert live.stdout is not None
+        live_folder = Path(live.stdout.readline().strip())
+        assert live_folder.is_dir(), live.stderr.read() if live.stderr else ""
+        assert not dead.exists()  # swept by the live process's open
+        assert folders.sweep_orphans(str(root)) == []
+        assert live_folder.is_dir() and unclaimed.is_dir() and other.is_dir()
+    finally:
+        live.communicate(timeout=60)
+    assert live.returncode == 0
+    # it closed its subtask (the tier went) and ended: its empty folder is an orphan now
+    assert not any(p.is_dir() for p in live_folder.glob("*/*")), list(live_folder.rglob("*"))
+    assert folders.sweep_orphans(str(root)) == [live_folder.name]
+    assert not live_folder.exists()
+    assert unclaimed.is_dir() and other.is_dir()
+
+
+def test_this_process_claims_its_folder_once_and_never_sweeps_it(tmp_path: Path) -> None:
+    base = str(tmp_path / "base")
+    folder = folders.process_folder(base)
+    assert folder == str(tmp_path / "base" / "pyflink-ndb" / folders.PROCESS_FOLDER)
+    assert folders.process_folder(base) == folder
+    assert (Path(folder) / folders.OWNER_LOCK).exists()
+    assert folders.sweep_orphans(str(Path(folder).parent)) == []
+    assert Path(folder).is_dir()
