@@ -636,18 +636,36 @@ def _read_entries(store: StateStore, states: dict[str, list[StateInfo]], *, key:
 @main.command()
 @_url
 @_namespace
-@click.option("--operator", required=True, help="Operator: its uid.")
-@click.option("--state", "state_name", required=True, help="State name.")
+@click.option("--operator", default=None,
+              help="Operator: its uid (default: the namespace's only operator).")
+@click.option("--state", "state_name", default=None,
+              help="State name (default: the operator's only state).")
 @_key_type
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json",
               show_default=True)
 @click.argument("key")
-def get(url: str, namespace: str, operator: str, state_name: str, key_type: str, fmt: str,
-        key: str) -> None:
+def get(url: str, namespace: str, operator: str | None, state_name: str | None,
+        key_type: str, fmt: str, key: str) -> None:
     """Print one key's committed value, as the state API returns it (a ListState's list,
-    a MapState's mapping; values of any size; TTL-expired: absent)."""
+    a MapState's mapping; values of any size; TTL-expired: absent). --operator and
+    --state may be left out where the namespace has one operator, or the operator one
+    state."""
     with _opened(_open, url, namespace) as store:
-        states = _states(store, _operators(store, namespace, operator), state_name)
+        ops = _operators(store, namespace, operator)
+        if len(ops) != 1:
+            raise click.ClickException(
+                f"Namespace {namespace!r} has {len(ops)} operators"
+                f"{': ' + ', '.join(ops) if ops else ''}; name one with --operator.")
+        operator = operator or ops[0]
+        states = _states(store, ops, state_name)
+        if state_name is None:
+            names = sorted({s.name for s in states[ops[0]]})
+            if len(names) != 1:
+                raise click.ClickException(
+                    f"Operator {operator!r} has {len(names)} states"
+                    f"{': ' + ', '.join(names) if names else ''}; name one with --state.")
+            state_name = names[0]
+            states = _states(store, ops, state_name)
         wanted = parse_key(key, key_type)
         for attempt in range(_STALE_ATTEMPTS):
             try:

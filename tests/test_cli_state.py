@@ -262,6 +262,32 @@ def test_get_decodes_each_kind_as_the_state_api_returns_it(flights: Flights):
     assert "value" in table and json.dumps(flights.route[BLOB_KEY][0]) in table
 
 
+def test_get_needs_operator_and_state_only_where_there_is_a_choice(flights: Flights,
+                                                                   tmp_path: Path):
+    """A new user's trial: `get` asked for --operator and --state even where the namespace
+    held one of each."""
+    # one operator here: --operator may go, --state (five states) may not
+    value = json.loads(run("get", *base(flights), "--state", "route", BLOB_KEY).stdout)
+    assert value["value"] == flights.route[BLOB_KEY]
+    out = run("get", *base(flights), BLOB_KEY, ok=False)
+    assert (f"Operator {OPERATOR!r} has 5 states: aircraft, blob, last_hour, per_dest, "
+            "route; name one with --state.") in out.output
+    # one operator with one state: neither is needed
+    url = f"sqlite:///{tmp_path / 'one.sqlite'}"
+    store = open_store(NdbStateOptions(url=url, namespace="one"))
+    t = LocalSubtask(store, NdbStateOptions(), operator="counts")
+    try:
+        count = t.context.get_state(ValueStateDescriptor("count", Types.LONG()))
+        t.key("a")
+        count.update(41)
+        t.checkpoint(1)
+    finally:
+        t.close()
+        store.close()
+    doc = json.loads(run("get", "--url", url, "--namespace", "one", "a").stdout)
+    assert (doc["operator"], doc["state"], doc["value"]) == ("counts", "count", 41)
+
+
 def test_get_of_a_missing_or_expired_key_lists_keys_and_fails(flights: Flights):
     out = run("get", *base(flights), "--operator", OPERATOR, "--state", "aircraft",
               "NOSUCH", ok=False)
