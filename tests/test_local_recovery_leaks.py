@@ -3,8 +3,9 @@ both failed before their fixes).
 
 * A parked tier 2 lives in the interpreter's registry; it is deleted when taken over,
   after 60 s, beyond 64 parked, and when a Python process ends (`atexit`). Before, a
-  process that ended sooner left the folder on disk. (The same in a MiniCluster's JVM
-  still leaves it: README, `local.recovery`.)
+  process that ended sooner left the folder on disk. (A MiniCluster's JVM can still leave
+  it, as a killed process does: the next process under the same base deletes it,
+  tests/test_tier_folders.py.)
 * The epochs tracked for the take-over keep their keys only once durable, and at most
   16 of them: before, the frozen dicts themselves were kept, values included, until a
   checkpoint was heard completed, so checkpoints that Flink aborts, or savepoints only,
