@@ -62,7 +62,8 @@ def tier_folders(local_dir: Path) -> list[Path]:
     base = local_dir / "pyflink-ndb"
     if not base.exists():
         return []
-    return [p for proc in base.iterdir() for job in proc.iterdir() for p in job.iterdir()]
+    return [p for proc in base.iterdir() if proc.is_dir()
+            for job in proc.iterdir() if job.is_dir() for p in job.iterdir()]
 
 
 @pytest.mark.parametrize("recovery", [False, True], ids=["no-local-recovery",

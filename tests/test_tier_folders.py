@@ -12,6 +12,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -68,12 +70,48 @@ def killed_process_folder(tmp_path: Path, local_dir: Path) -> Path:
 
 def test_the_next_process_deletes_a_killed_process_tier_folder(tmp_path: Path) -> None:
     local_dir = tmp_path / "local"
+    root = local_dir / "pyflink-ndb"
     first = killed_process_folder(tmp_path, local_dir)
     second = killed_process_folder(tmp_path, local_dir)
-    # the second process's open swept the first's folder; its own is left by its kill
+    # the second process's open took the first's folder (renamed at once, deleted in a
+    # thread that its kill may have cut short); its own is left by its kill
     assert not first.exists()
     assert second.exists()
     assert (second / folders.OWNER_LOCK).exists()
+    # a sweep deletes what is left of both, .deleting- folders included
+    assert folders.sweep_orphans(str(root)) == [second.name]
+    assert list(root.iterdir()) == []
+
+
+def test_a_subtask_open_does_not_wait_for_the_deletion(tmp_path: Path, monkeypatch) -> None:
+    """A killed TaskManager's tiers can hold gigabytes: the open renames them and returns;
+    a daemon thread deletes them."""
+    local_dir = tmp_path / "local"
+    dead = killed_process_folder(tmp_path, local_dir)
+    started, release = threading.Event(), threading.Event()
+    deleted: list[Path] = []
+    real_delete = folders._delete
+
+    def slow_delete(paths: list[Path]) -> None:
+        started.set()
+        release.wait(30)
+        real_delete(paths)
+        deleted.extend(paths)
+
+    monkeypatch.setattr(folders, "_delete", slow_delete)
+    monkeypatch.setattr(folders, "_claimed", {})
+    mine = Path(folders.process_folder(str(local_dir)))
+    assert started.wait(10)
+    assert not dead.exists() and mine.is_dir()
+    doomed = local_dir / "pyflink-ndb" / (folders.DELETING + dead.name)
+    assert doomed.is_dir()  # still being deleted after the open returned
+    release.set()
+    for _ in range(100):
+        if deleted:
+            break
+        time.sleep(0.1)
+    assert deleted == [doomed] and not doomed.exists()
+    folders._claimed[str(mine)].close()  # type: ignore[union-attr]
 
 
 def test_a_live_process_folder_and_an_unclaimed_folder_stay(tmp_path: Path) -> None:

@@ -17,10 +17,14 @@ can be taken belongs to nobody. The lock file is locked under a temporary name a
 then renamed to `.owner.lock`, so a folder whose `.owner.lock` exists is claimed unless
 its process is gone.
 
-**The sweep.** When a process claims its folder under a base, it deletes every sibling
-`p<pid>-<hex>` folder whose `.owner.lock` it can lock. A folder without `.owner.lock` (one
-being claimed this instant, or one of a version before this sweep) is left alone. Without
-`fcntl` (not POSIX) nothing is claimed nor swept.
+**The sweep.** When a process claims its folder under a base, it takes every sibling
+`p<pid>-<hex>` folder whose `.owner.lock` it can lock: it renames it, lock held, to
+`.deleting-<name>` (at once), and deletes the renamed folders in a daemon thread. A
+subtask's open, which claims, does not wait for the gigabytes a killed TaskManager's tiers
+may hold, and a deletion cut short by the interpreter's end leaves a `.deleting-` folder,
+which the next sweep deletes. A folder without `.owner.lock` (one being claimed this
+instant, or one of a version before this sweep) is left alone. Without `fcntl` (not
+POSIX) nothing is claimed nor swept.
 """
 
 from __future__ import annotations
@@ -48,10 +52,13 @@ PROCESS_FOLDER = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"
 OWNER_LOCK = ".owner.lock"
 #: The folders the sweep considers: the names :data:`PROCESS_FOLDER` takes.
 PROCESS_FOLDER_NAME = re.compile(r"p\d+-[0-9a-f]{8}")
+#: What a swept folder is renamed to, followed by its name, before it is deleted.
+DELETING = ".deleting-"
 
 _lock = threading.Lock()
-#: Claimed process folders of this process: folder -> the open, locked lock file.
-_claimed: dict[str, IO[bytes]] = {}
+#: Process folders of this process: folder -> the open, locked lock file (None: it could
+#: not be locked).
+_claimed: dict[str, IO[bytes] | None] = {}
 
 
 def process_folder(base: str) -> str:
@@ -61,19 +68,30 @@ def process_folder(base: str) -> str:
     :param base: the tier-2 base folder (`state.backend.ndb.local.dir`, Flink's local
         folder or `$TMPDIR`).
     :returns: `<base>/pyflink-ndb/<PROCESS_FOLDER>`.
-    :raises OSError: the folder cannot be created (a sweep's failure is only logged).
+    :raises OSError: the folder cannot be created (a failed lock or sweep is only logged).
     """
     root = os.path.join(base, "pyflink-ndb")
     folder = os.path.join(root, PROCESS_FOLDER)
     with _lock:
-        if folder in _claimed or fcntl is None:
-            os.makedirs(folder, exist_ok=True)
-            return folder
         os.makedirs(folder, exist_ok=True)
-        _claimed[folder] = _claim(folder)
-    swept = sweep_orphans(root)
+        if folder in _claimed or fcntl is None:
+            return folder
+        try:
+            _claimed[folder] = _claim(folder)
+        except OSError as err:
+            # e.g. a file system without flock: unclaimed, so never swept
+            _claimed[folder] = None
+            log.warning("pyflink-ndb: cannot lock the tier-2 folder %s (%s): if this process "
+                        "is killed, its folder is not deleted by the next one", folder, err)
+            return folder
+    try:
+        swept = sweep_orphans(root, wait=False)
+    except Exception:  # noqa: BLE001 - a sweep never fails the subtask's open
+        log.warning("pyflink-ndb: the sweep of ended processes' tier-2 folders under %s "
+                    "failed", root, exc_info=True)
+        return folder
     if swept:
-        log.info("pyflink-ndb: deleted %d tier-2 folder(s) of ended processes under %s: %s",
+        log.info("pyflink-ndb: deleting %d tier-2 folder(s) of ended processes under %s: %s",
                  len(swept), root, ", ".join(swept))
     return folder
 
@@ -91,11 +109,14 @@ def _claim(folder: str) -> IO[bytes]:
     return handle
 
 
-def sweep_orphans(root: str) -> list[str]:
-    """Delete the process folders under `root` (`<base>/pyflink-ndb`) whose owner lock can
-    be taken: their process has ended. This process's own and unclaimed folders stay.
+def sweep_orphans(root: str, wait: bool = True) -> list[str]:
+    """Take the process folders under `root` (`<base>/pyflink-ndb`) whose owner lock can
+    be taken (their process has ended), and delete them and every `.deleting-` folder
+    left there. This process's own and unclaimed folders stay.
 
-    :returns: the names of the folders deleted (empty without `fcntl`).
+    :param wait: False: delete in a daemon thread (the folders are renamed to
+        `.deleting-<name>` before this returns).
+    :returns: the names of the folders taken (empty without `fcntl`).
     """
     if fcntl is None:
         return []
@@ -114,16 +135,26 @@ def sweep_orphans(root: str) -> list[str]:
         except OSError:
             continue  # being claimed, or of a version before the claim
         try:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # its process is alive
-            shutil.rmtree(path, ignore_errors=True)
-            if not path.exists():
-                swept.append(name)
-            else:
-                log.warning("pyflink-ndb: could not delete the tier-2 folder %s of an ended "
-                            "process", path)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(path, Path(root, DELETING + name))
+        except OSError:
+            continue  # its process is alive (or another sweep took it)
         finally:
             handle.close()
+        swept.append(name)
+    doomed = [Path(root, n) for n in os.listdir(root) if n.startswith(DELETING)]
+    if doomed:
+        if wait:
+            _delete(doomed)
+        else:
+            threading.Thread(target=_delete, args=(doomed,), daemon=True,
+                             name="pyflink-ndb-tier2-sweep").start()
     return swept
+
+
+def _delete(folders: list[Path]) -> None:
+    for path in folders:
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            log.warning("pyflink-ndb: could not delete the tier-2 folder %s of an ended "
+                        "process", path)
