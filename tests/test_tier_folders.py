@@ -148,3 +148,15 @@ def test_this_process_claims_its_folder_once_and_never_sweeps_it(tmp_path: Path)
     assert (Path(folder) / folders.OWNER_LOCK).exists()
     assert folders.sweep_orphans(str(Path(folder).parent)) == []
     assert Path(folder).is_dir()
+
+
+def test_a_deleted_base_releases_its_lock(tmp_path: Path) -> None:
+    """One open lock file per base in use: a test suite makes thousands of temporary bases."""
+    import shutil
+
+    first = folders.process_folder(str(tmp_path / "a"))
+    assert first in folders._claimed
+    shutil.rmtree(tmp_path / "a")
+    second = folders.process_folder(str(tmp_path / "b"))
+    assert first not in folders._claimed and second in folders._claimed
+

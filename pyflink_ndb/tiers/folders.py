@@ -76,6 +76,7 @@ def process_folder(base: str) -> str:
         os.makedirs(folder, exist_ok=True)
         if folder in _claimed or fcntl is None:
             return folder
+        _forget_deleted()
         try:
             _claimed[folder] = _claim(folder)
         except OSError as err:
@@ -94,6 +95,16 @@ def process_folder(base: str) -> str:
         log.info("pyflink-ndb: deleting %d tier-2 folder(s) of ended processes under %s: %s",
                  len(swept), root, ", ".join(swept))
     return folder
+
+
+def _forget_deleted() -> None:
+    """Close the locks of this process's folders that were deleted meanwhile (a test's
+    temporary base): one open file per base folder in use, not per base ever used."""
+    for folder, handle in list(_claimed.items()):
+        if not os.path.isdir(folder):
+            del _claimed[folder]
+            if handle is not None:
+                handle.close()
 
 
 def _claim(folder: str) -> IO[bytes]:
