@@ -19,7 +19,9 @@ its process is gone.
 
 **The sweep.** When a process claims its folder under a base, it takes every sibling
 `p<pid>-<hex>` folder whose `.owner.lock` it can lock: it renames it, lock held, to
-`.deleting-<name>` (at once), and deletes the renamed folders in a daemon thread. A
+`.deleting-<name>` (at once), and deletes the renamed folders in a daemon thread. Only
+real folders with a regular `.owner.lock` are taken (never through a symbolic link; a
+lock opened without blocking, so a FIFO put there cannot hang an open). A
 subtask's open, which claims, does not wait for the gigabytes a killed TaskManager's tiers
 may hold, and a deletion cut short by the interpreter's end leaves a `.deleting-` folder,
 which the next sweep deletes. A folder without `.owner.lock` (one being claimed this
@@ -33,6 +35,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 import uuid
 from pathlib import Path
@@ -45,9 +48,14 @@ except ImportError:  # pragma: no cover - not POSIX
 
 log = logging.getLogger(__name__)
 
+
+def _new_name() -> str:
+    return f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 #: This process's folder under a tier-2 base folder (`<base>/pyflink-ndb/<PROCESS_FOLDER>/
-#: <job id>/<attempt's folder>`).
-PROCESS_FOLDER = f"p{os.getpid()}-{uuid.uuid4().hex[:8]}"
+#: <job id>/<attempt's folder>`); a forked child gets a name of its own (`_after_fork`).
+PROCESS_FOLDER = _new_name()
 #: The file whose `flock` claims a process folder.
 OWNER_LOCK = ".owner.lock"
 #: The folders the sweep considers: the names :data:`PROCESS_FOLDER` takes.
@@ -59,6 +67,23 @@ _lock = threading.Lock()
 #: Process folders of this process: folder -> the open, locked lock file (None: it could
 #: not be locked).
 _claimed: dict[str, IO[bytes] | None] = {}
+
+
+def _after_fork() -> None:
+    """In a forked child: a folder name and claims of its own. The parent's locks stay
+    held by the parent (the child's copies of their descriptors are closed); the child
+    must not claim the parent's folder, whose lock would then be the child's alone."""
+    global PROCESS_FOLDER, _lock, _claimed
+    PROCESS_FOLDER = _new_name()
+    _lock = threading.Lock()
+    for handle in _claimed.values():
+        if handle is not None:
+            handle.close()
+    _claimed = {}
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def process_folder(base: str) -> str:
@@ -139,21 +164,26 @@ def sweep_orphans(root: str, wait: bool = True) -> list[str]:
     for name in names:
         path = Path(root, name)
         if name == PROCESS_FOLDER or not PROCESS_FOLDER_NAME.fullmatch(name) \
-                or str(path) in _claimed:
+                or str(path) in _claimed or path.is_symlink() or not path.is_dir():
             continue
         try:
-            handle = open(path / OWNER_LOCK, "rb")  # noqa: SIM115
+            # never blocks (a FIFO put there), never follows a link
+            fd = os.open(path / OWNER_LOCK,
+                         os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue  # being claimed, or of a version before the claim
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue  # not a lock file of ours
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(path, Path(root, DELETING + name))
         except OSError:
             continue  # its process is alive (or another sweep took it)
         finally:
-            handle.close()
+            os.close(fd)
         swept.append(name)
-    doomed = [Path(root, n) for n in os.listdir(root) if n.startswith(DELETING)]
+    doomed = [Path(root, n) for n in os.listdir(root) if n.startswith(DELETING)
+              and Path(root, n).is_dir() and not Path(root, n).is_symlink()]
     if doomed:
         if wait:
             _delete(doomed)
