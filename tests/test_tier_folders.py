@@ -9,6 +9,7 @@ README's known leak, 2026-12-07).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -111,7 +112,10 @@ def test_a_subtask_open_does_not_wait_for_the_deletion(tmp_path: Path, monkeypat
             break
         time.sleep(0.1)
     assert deleted == [doomed] and not doomed.exists()
-    folders._claimed[str(mine)].close()  # type: ignore[union-attr]
+    folder_fd, handle = folders._claimed.pop(folders._identity(mine.stat()))
+    os.close(folder_fd)
+    assert handle is not None
+    handle.close()
 
 
 def test_a_live_process_folder_and_an_unclaimed_folder_stay(tmp_path: Path) -> None:
@@ -154,9 +158,9 @@ def test_a_deleted_base_releases_its_lock(tmp_path: Path) -> None:
     """One open lock file per base in use: a test suite makes thousands of temporary bases."""
     import shutil
 
-    first = folders.process_folder(str(tmp_path / "a"))
+    first = folders._identity(os.stat(folders.process_folder(str(tmp_path / "a"))))
     assert first in folders._claimed
     shutil.rmtree(tmp_path / "a")
-    second = folders.process_folder(str(tmp_path / "b"))
+    second = folders._identity(os.stat(folders.process_folder(str(tmp_path / "b"))))
     assert first not in folders._claimed and second in folders._claimed
 

@@ -64,9 +64,12 @@ PROCESS_FOLDER_NAME = re.compile(r"p\d+-[0-9a-f]{8}")
 DELETING = ".deleting-"
 
 _lock = threading.Lock()
-#: Process folders of this process: folder -> the open, locked lock file (None: it could
-#: not be locked).
-_claimed: dict[str, IO[bytes] | None] = {}
+#: Process folders of this process, by (device, inode): a descriptor of the folder itself
+#: (its link count tells whether it was deleted) and the open, locked lock file (None: it
+#: could not be locked). By inode, not path: one process may reach a base by several
+#: paths (a symbolic link, a relative path), and a second claim of one folder would
+#: replace the lock file that guards it (a breaker's find).
+_claimed: dict[tuple[int, int], tuple[int, IO[bytes] | None]] = {}
 
 
 def _after_fork() -> None:
@@ -76,7 +79,8 @@ def _after_fork() -> None:
     global PROCESS_FOLDER, _lock, _claimed
     PROCESS_FOLDER = _new_name()
     _lock = threading.Lock()
-    for handle in _claimed.values():
+    for folder_fd, handle in _claimed.values():
+        os.close(folder_fd)
         if handle is not None:
             handle.close()
     _claimed = {}
@@ -99,14 +103,19 @@ def process_folder(base: str) -> str:
     folder = os.path.join(root, PROCESS_FOLDER)
     with _lock:
         os.makedirs(folder, exist_ok=True)
-        if folder in _claimed or fcntl is None:
+        if fcntl is None:
             return folder
         _forget_deleted()
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        identity = _identity(os.fstat(folder_fd))
+        if identity in _claimed:
+            os.close(folder_fd)
+            return folder
         try:
-            _claimed[folder] = _claim(folder)
+            _claimed[identity] = (folder_fd, _claim(folder))
         except OSError as err:
             # e.g. a file system without flock: unclaimed, so never swept
-            _claimed[folder] = None
+            _claimed[identity] = (folder_fd, None)
             log.warning("pyflink-ndb: cannot lock the tier-2 folder %s (%s): if this process "
                         "is killed, its folder is not deleted by the next one", folder, err)
             return folder
@@ -122,12 +131,18 @@ def process_folder(base: str) -> str:
     return folder
 
 
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
 def _forget_deleted() -> None:
     """Close the locks of this process's folders that were deleted meanwhile (a test's
-    temporary base): one open file per base folder in use, not per base ever used."""
-    for folder, handle in list(_claimed.items()):
-        if not os.path.isdir(folder):
-            del _claimed[folder]
+    temporary base; a deleted folder has no link left): one open file per base folder in
+    use, not per base ever used."""
+    for identity, (folder_fd, handle) in list(_claimed.items()):
+        if os.fstat(folder_fd).st_nlink == 0:
+            del _claimed[identity]
+            os.close(folder_fd)
             if handle is not None:
                 handle.close()
 
@@ -164,7 +179,8 @@ def sweep_orphans(root: str, wait: bool = True) -> list[str]:
     for name in names:
         path = Path(root, name)
         if name == PROCESS_FOLDER or not PROCESS_FOLDER_NAME.fullmatch(name) \
-                or str(path) in _claimed or path.is_symlink() or not path.is_dir():
+                or path.is_symlink() or not path.is_dir() \
+                or _identity(path.stat()) in _claimed:
             continue
         try:
             # never blocks (a FIFO put there), never follows a link
