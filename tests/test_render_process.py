@@ -145,6 +145,33 @@ def test_an_epoch_is_rendered_in_slices_with_undecodable_rows_in_place(
     assert rendered == _in_writer(9, rows, {})
 
 
+def test_the_child_is_used_when_the_process_holds_over_1024_descriptors() -> None:
+    """A TaskManager holds thousands of descriptors (RocksDB's files, sockets): pipes to
+    the child numbered 1024 or more made `select` fail ("filedescriptor out of range"),
+    and every epoch was rendered by the writer (found when the test process held that
+    many)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        process = RenderProcess("test")
+        try:
+            rows = _numbered_rows(30)
+            rendered = _slices(process, 3, rows)
+            assert process._child is not None and process._child.stdout is not None
+            assert process._child.stdout.fileno() >= 1024
+        finally:
+            process.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert process.fallbacks == 0 and process.rendered_epochs == 1
+    assert rendered == _in_writer(3, rows, {})
+
+
 def _open_slices(process: RenderProcess, version: int, rows: list[WriteRow],
                  between=None):
     """`process.slices` with the JSON functions the writer passes (plain JSON)."""

@@ -265,6 +265,18 @@ def render_here(version: int, rows: Sequence[WriteRow],
     return [render_row(version, row, json_of, key_json) for row in rows]
 
 
+def _wait_fd(fd: int, writing: bool, timeout_s: float) -> bool:
+    """Whether `fd` can be written (`writing`) or read within `timeout_s` seconds.
+
+    `poll`, not `select`: a TaskManager holds thousands of descriptors (its RocksDB
+    files, sockets, jars), and `select` refuses any numbered 1024 or more ("filedescriptor
+    out of range in select()": the render process was given up for the writer; found
+    when a test process held that many)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if writing else select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
+
+
 def slices_of(rows: Iterable[WriteRow]) -> Iterator[list[WriteRow]]:
     """`rows` in slices, in order: at most :data:`SLICE_ROWS` rows, and ended by the row
     whose key and value bytes reach :data:`SLICE_BYTES`. Takes rows from `rows` only as
@@ -1039,8 +1051,8 @@ class RenderProcess:
         :meth:`_store_finish`."""
         child = self._child
         assert child is not None and child.stdout is not None
-        if self.server_threads and not opening and not select.select(
-                [child.stdout.fileno()], [], [], 0)[0]:
+        if self.server_threads and not opening and not _wait_fd(
+                child.stdout.fileno(), False, 0):
             return
         answer = self._receive_frame(between, stall_s)
         server_threads = _connection_of(answer)
@@ -1268,9 +1280,7 @@ class RenderProcess:
         :raises RenderProcessError: the child exited, or made no progress for `stall_s`
             seconds since `progress` (a monotonic time).
         """
-        readable, writable, _ = select.select([] if writing else [fd],
-                                              [fd] if writing else [], [], POLL_SECONDS)
-        if readable or writable:
+        if _wait_fd(fd, writing, POLL_SECONDS):
             return True
         if between is not None:
             between()
