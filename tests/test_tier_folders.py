@@ -9,7 +9,6 @@ README's known leak, 2026-12-07).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,12 @@ import time
 import uuid
 from pathlib import Path
 
+from pyflink.common.typeinfo import Types
+from pyflink.datastream.state import ValueStateDescriptor
+
+from pyflink_ndb.config import NdbStateOptions
+from pyflink_ndb.stores import open_store
+from pyflink_ndb.testing import LocalSubtask
 from pyflink_ndb.tiers import folders
 
 ROOT = Path(__file__).parent.parent
@@ -100,8 +105,8 @@ def test_a_subtask_open_does_not_wait_for_the_deletion(tmp_path: Path, monkeypat
         deleted.extend(paths)
 
     monkeypatch.setattr(folders, "_delete", slow_delete)
-    monkeypatch.setattr(folders, "_claimed", {})
-    mine = Path(folders.process_folder(str(local_dir)))
+    hold = folders.claim_process_folder(str(local_dir))
+    mine = Path(hold.path)
     assert started.wait(10)
     assert not dead.exists() and mine.is_dir()
     doomed = local_dir / "pyflink-ndb" / (folders.DELETING + dead.name)
@@ -112,10 +117,8 @@ def test_a_subtask_open_does_not_wait_for_the_deletion(tmp_path: Path, monkeypat
             break
         time.sleep(0.1)
     assert deleted == [doomed] and not doomed.exists()
-    folder_fd, handle = folders._claimed.pop(folders._identity(mine.stat()))
-    os.close(folder_fd)
-    assert handle is not None
-    handle.close()
+    hold.release()
+    assert not mine.exists()
 
 
 def test_a_live_process_folder_and_an_unclaimed_folder_stay(tmp_path: Path) -> None:
@@ -137,30 +140,52 @@ def test_a_live_process_folder_and_an_unclaimed_folder_stay(tmp_path: Path) -> N
     finally:
         live.communicate(timeout=60)
     assert live.returncode == 0
-    # it closed its subtask (the tier went) and ended: its empty folder is an orphan now
-    assert not any(p.is_dir() for p in live_folder.glob("*/*")), list(live_folder.rglob("*"))
-    assert folders.sweep_orphans(str(root)) == [live_folder.name]
-    assert not live_folder.exists()
+    # it closed its subtask: the last tier in its folder went, and the folder with it
+    assert not live_folder.exists(), list(live_folder.rglob("*"))
+    assert folders.sweep_orphans(str(root)) == []
     assert unclaimed.is_dir() and other.is_dir()
 
 
 def test_this_process_claims_its_folder_once_and_never_sweeps_it(tmp_path: Path) -> None:
     base = str(tmp_path / "base")
-    folder = folders.process_folder(base)
+    first = folders.claim_process_folder(base)
+    folder = first.path
     assert folder == str(tmp_path / "base" / "pyflink-ndb" / folders.PROCESS_FOLDER)
-    assert folders.process_folder(base) == folder
+    second = folders.claim_process_folder(base)
+    assert second.path == folder
     assert (Path(folder) / folders.OWNER_LOCK).exists()
     assert folders.sweep_orphans(str(Path(folder).parent)) == []
     assert Path(folder).is_dir()
+    first.release()
+    first.release()  # idempotent: the second hold keeps the folder
+    assert Path(folder).is_dir()
+    second.release()
+    assert not Path(folder).exists()
 
 
-def test_a_deleted_base_releases_its_lock(tmp_path: Path) -> None:
-    """One open lock file per base in use: a test suite makes thousands of temporary bases."""
-    import shutil
-
-    first = folders._identity(os.stat(folders.process_folder(str(tmp_path / "a"))))
-    assert first in folders._claimed
-    shutil.rmtree(tmp_path / "a")
-    second = folders._identity(os.stat(folders.process_folder(str(tmp_path / "b"))))
-    assert first not in folders._claimed and second in folders._claimed
-
+def test_the_last_tier_destroyed_releases_the_folder_and_its_lock(tmp_path: Path) -> None:
+    """One open lock file per base in use: a test suite makes thousands of temporary bases
+    (a process holding over a thousand made the render process's `select` fail)."""
+    store = open_store(NdbStateOptions(url=f"sqlite:///{tmp_path / 'db.sqlite'}",
+                                       namespace="hold"))
+    subtasks = [LocalSubtask(store, NdbStateOptions(cache_max_entries=1),
+                             local_dir=str(tmp_path / "base"), subtask_index=i,
+                             key_group_start=64 * i, key_group_end=64 * i + 63)
+                for i in range(2)]
+    folder = Path(subtasks[0].backend.tier_folder or "")
+    identity = folders._identity(folder.stat())
+    assert folders._claims[identity].users == 2
+    for i, subtask in enumerate(subtasks):
+        v = subtask.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
+        for k in range(20):
+            subtask.key(k)
+            v.update(b"x" * 100)
+        subtask.close()
+        if i == 0:
+            assert folder.is_dir() and folders._claims[identity].users == 1
+    for _ in range(100):  # the last tier is deleted in a thread of its own
+        if identity not in folders._claims:
+            break
+        time.sleep(0.05)
+    assert identity not in folders._claims and not folder.exists()
+    store.close()

@@ -103,7 +103,7 @@ def test_a_job_that_fails_for_good_leaves_nothing_after_the_next_process_and_not
             assert time.time() < deadline, "the job did not end"
             if mine is None and root.is_dir():
                 # another process opens tier 2 under the same base: claim and sweep
-                mine = folders.process_folder(str(base))
+                mine = folders.claim_process_folder(str(base)).path
             swept_while_running += folders.sweep_orphans(str(root))
             for folder in root.glob("p*-*") if root.is_dir() else []:
                 if folder.name != folders.PROCESS_FOLDER:
@@ -135,7 +135,7 @@ def test_a_job_that_fails_for_good_leaves_nothing_after_the_next_process_and_not
     probe = subprocess.run(
         [sys.executable, "-c",
          "import sys; from pyflink_ndb.tiers import folders; "
-         "print(folders.process_folder(sys.argv[1]))", str(base)],
+         "print(folders.claim_process_folder(sys.argv[1]).path)", str(base)],
         capture_output=True, text=True, cwd=str(ROOT), timeout=60)
     assert probe.returncode == 0, probe.stderr[-3000:]
     probe_folder = Path(probe.stdout.strip()).name

@@ -98,7 +98,7 @@ def test_a_worker_forked_after_the_import_that_ends_does_not_expose_a_live_worke
         assert any(folder_a.glob("*/*/CURRENT")), list(folder_a.rglob("*"))
         # another process opens tier 2 under the same base (this one: its first claim
         # there sweeps), while worker A is alive with its subtask open in folder_a
-        mine = folders.process_folder(str(base))
+        mine = folders.claim_process_folder(str(base)).path
         assert Path(mine).is_dir()
         alive_after_sweep = folder_a.is_dir()
         parent.stdin.write("\n")

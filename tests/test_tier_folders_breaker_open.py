@@ -106,8 +106,8 @@ def odd_entries(tmp_path: Path) -> None:
     probe = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from pyflink_ndb.tiers import folders; "
-         "print(folders.process_folder(sys.argv[1]), flush=True); "
-         "folders.sweep_orphans(folders.os.path.dirname(folders.process_folder(sys.argv[1])))",
+         "print(folders.claim_process_folder(sys.argv[1]).path, flush=True); "
+         "folders.sweep_orphans(folders.os.path.dirname(folders.claim_process_folder(sys.argv[1]).path))",
          str(base)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
     try:

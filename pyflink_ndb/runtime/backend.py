@@ -48,7 +48,7 @@ from pyflink_ndb.serialization.values import (
 from pyflink_ndb.stores.base import StateStore, now_ms
 from pyflink_ndb.stores.factory import open_store
 from pyflink_ndb.stores.lineage import Token
-from pyflink_ndb.tiers.folders import process_folder
+from pyflink_ndb.tiers.folders import claim_process_folder
 from pyflink_ndb.tiers.local import LocalTier
 from pyflink_ndb.tiers.table import TieredTable
 
@@ -214,11 +214,16 @@ class SubtaskStateBackend:
             if options.local_enabled:
                 base = options.local_dir or info.local_dir or os.path.join(
                     os.environ.get("TMPDIR", "/tmp"))
-                self.tier_folder = process_folder(base)
+                claim = claim_process_folder(base)
+                self.tier_folder = claim.path
                 path = os.path.join(self.tier_folder, info.job_id,
                                     f"{_safe(info.operator)}-{info.subtask_index}-{info.attempt}-"
                                     f"{uuid.uuid4().hex[:8]}")
-                local = LocalTier(path)
+                try:
+                    local = LocalTier(path, claim)
+                except BaseException:
+                    claim.release()
+                    raise
                 self._local = local
             self.table = TieredTable(self.store, options.cache_max_entries, local,
                                      options.value_max_bytes)

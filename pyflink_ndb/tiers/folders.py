@@ -17,6 +17,11 @@ can be taken belongs to nobody. The lock file is locked under a temporary name a
 then renamed to `.owner.lock`, so a folder whose `.owner.lock` exists is claimed unless
 its process is gone.
 
+**Held while used.** A process holds its claim on a folder while tier 2s live in it
+(:class:`FolderClaim`, one per `LocalTier`, parked ones included): when the last is
+destroyed, the lock is closed and the folder deleted. A process keeps one open file per
+base folder in use, not per base ever used (a test suite makes thousands).
+
 **The sweep.** When a process claims its folder under a base, it takes every sibling
 `p<pid>-<hex>` folder whose `.owner.lock` it can lock: it renames it, lock held, to
 `.deleting-<name>` (at once), and deletes the renamed folders in a daemon thread. Only
@@ -38,6 +43,7 @@ import shutil
 import stat
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -64,87 +70,118 @@ PROCESS_FOLDER_NAME = re.compile(r"p\d+-[0-9a-f]{8}")
 DELETING = ".deleting-"
 
 _lock = threading.Lock()
-#: Process folders of this process, by (device, inode): a descriptor of the folder itself
-#: (its link count tells whether it was deleted) and the open, locked lock file (None: it
-#: could not be locked). By inode, not path: one process may reach a base by several
-#: paths (a symbolic link, a relative path), and a second claim of one folder would
-#: replace the lock file that guards it (a breaker's find).
-_claimed: dict[tuple[int, int], tuple[int, IO[bytes] | None]] = {}
+
+
+@dataclass
+class _Claim:
+    """This process's claim on one process folder."""
+
+    path: str
+    #: The open, locked lock file (None: it could not be locked).
+    lock: IO[bytes] | None
+    #: The :class:`FolderClaim`s not yet released.
+    users: int = 0
+
+
+#: Claimed process folders of this process, by (device, inode): one process may reach a
+#: base by several paths (a symbolic link, a relative path), and a second claim of one
+#: folder would replace the lock file that guards it (a breaker's find).
+_claims: dict[tuple[int, int], _Claim] = {}
+
+
+class FolderClaim:
+    """One tier 2's hold on this process's folder under a base
+    (:func:`claim_process_folder`); :meth:`release` when the tier is destroyed."""
+
+    def __init__(self, path: str, identity: tuple[int, int]) -> None:
+        #: `<base>/pyflink-ndb/<PROCESS_FOLDER>`, as the first claim spelled it.
+        self.path = path
+        self._identity = identity
+        self._released = False
+
+    def release(self) -> None:
+        """Let go (idempotent); the last hold on the folder closes its lock and deletes
+        it (a folder that cannot be deleted is left to the next process's sweep)."""
+        with _lock:
+            if self._released:
+                return
+            self._released = True
+            claim = _claims.get(self._identity)
+            if claim is None:
+                return
+            claim.users -= 1
+            if claim.users > 0:
+                return
+            del _claims[self._identity]
+            shutil.rmtree(claim.path, ignore_errors=True)
+            if claim.lock is not None:
+                claim.lock.close()
 
 
 def _after_fork() -> None:
     """In a forked child: a folder name and claims of its own. The parent's locks stay
     held by the parent (the child's copies of their descriptors are closed); the child
     must not claim the parent's folder, whose lock would then be the child's alone."""
-    global PROCESS_FOLDER, _lock, _claimed
+    global PROCESS_FOLDER, _lock, _claims
     PROCESS_FOLDER = _new_name()
     _lock = threading.Lock()
-    for folder_fd, handle in _claimed.values():
-        os.close(folder_fd)
-        if handle is not None:
-            handle.close()
-    _claimed = {}
+    for claim in _claims.values():
+        if claim.lock is not None:
+            claim.lock.close()
+    _claims = {}
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def process_folder(base: str) -> str:
-    """This process's tier-2 folder under `base`, created and claimed at the first call for
-    that base, which also sweeps the folders of processes that are gone (module docstring).
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def claim_process_folder(base: str) -> FolderClaim:
+    """This process's tier-2 folder under `base`, created and claimed (locked) by the first
+    hold, whose claim also sweeps the folders of processes that are gone (module
+    docstring).
 
     :param base: the tier-2 base folder (`state.backend.ndb.local.dir`, Flink's local
         folder or `$TMPDIR`).
-    :returns: `<base>/pyflink-ndb/<PROCESS_FOLDER>`.
+    :returns: a hold on `<base>/pyflink-ndb/<PROCESS_FOLDER>` (its `path`), to
+        :meth:`~FolderClaim.release` when the tier 2 made in it is destroyed.
     :raises OSError: the folder cannot be created (a failed lock or sweep is only logged).
     """
     root = os.path.join(base, "pyflink-ndb")
     folder = os.path.join(root, PROCESS_FOLDER)
     with _lock:
         os.makedirs(folder, exist_ok=True)
-        if fcntl is None:
-            return folder
-        _forget_deleted()
-        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        identity = _identity(os.fstat(folder_fd))
-        if identity in _claimed:
-            os.close(folder_fd)
-            return folder
-        try:
-            _claimed[identity] = (folder_fd, _claim(folder))
-        except OSError as err:
-            # e.g. a file system without flock: unclaimed, so never swept
-            _claimed[identity] = (folder_fd, None)
-            log.warning("pyflink-ndb: cannot lock the tier-2 folder %s (%s): if this process "
-                        "is killed, its folder is not deleted by the next one", folder, err)
-            return folder
+        identity = _identity(os.stat(folder))
+        claim = _claims.get(identity)
+        if claim is not None:
+            claim.users += 1
+            return FolderClaim(claim.path, identity)
+        lock = None
+        if fcntl is not None:
+            try:
+                lock = _claim(folder)
+            except OSError as err:
+                # e.g. a file system without flock: unclaimed, so never swept
+                log.warning("pyflink-ndb: cannot lock the tier-2 folder %s (%s): if this "
+                            "process is killed, its folder is not deleted by the next one",
+                            folder, err)
+        _claims[identity] = _Claim(folder, lock, 1)
+    hold = FolderClaim(folder, identity)
+    if lock is None:
+        return hold
     try:
         swept = sweep_orphans(root, wait=False)
     except Exception:  # noqa: BLE001 - a sweep never fails the subtask's open
         log.warning("pyflink-ndb: the sweep of ended processes' tier-2 folders under %s "
                     "failed", root, exc_info=True)
-        return folder
+        return hold
     if swept:
         log.info("pyflink-ndb: deleting %d tier-2 folder(s) of ended processes under %s: %s",
                  len(swept), root, ", ".join(swept))
-    return folder
-
-
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-def _forget_deleted() -> None:
-    """Close the locks of this process's folders that were deleted meanwhile (a test's
-    temporary base; a deleted folder has no link left): one open file per base folder in
-    use, not per base ever used."""
-    for identity, (folder_fd, handle) in list(_claimed.items()):
-        if os.fstat(folder_fd).st_nlink == 0:
-            del _claimed[identity]
-            os.close(folder_fd)
-            if handle is not None:
-                handle.close()
+    return hold
 
 
 def _claim(folder: str) -> IO[bytes]:
@@ -180,7 +217,7 @@ def sweep_orphans(root: str, wait: bool = True) -> list[str]:
         path = Path(root, name)
         if name == PROCESS_FOLDER or not PROCESS_FOLDER_NAME.fullmatch(name) \
                 or path.is_symlink() or not path.is_dir() \
-                or _identity(path.stat()) in _claimed:
+                or _identity(path.stat()) in _claims:
             continue
         try:
             # never blocks (a FIFO put there), never follows a link

@@ -17,6 +17,8 @@ from typing import Any
 
 from rocksdict import BlockBasedOptions, Options, Rdict, ReadOptions, WriteOptions
 
+from pyflink_ndb.tiers.folders import FolderClaim
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">bhq")  # has_value, key_group, expires_at_ms (-1 = none)
@@ -38,10 +40,13 @@ def unpack(data: bytes) -> tuple[bytes | None, int, int | None]:
 
 
 class LocalTier:
-    """RocksDB at `path` (created empty; any previous content is deleted)."""
+    """RocksDB at `path` (created empty; any previous content is deleted); `claim`: the
+    hold on its process folder (:mod:`pyflink_ndb.tiers.folders`), released once
+    :meth:`destroy` deleted the folder (None: none)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, claim: FolderClaim | None = None) -> None:
         self.path = Path(path)
+        self._claim = claim
         if self.path.exists():
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True)
@@ -125,7 +130,7 @@ class LocalTier:
             return  # still empty: re-creating a RocksDB costs tens of milliseconds
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
-        self.__init__(str(self.path))  # type: ignore[misc]
+        self.__init__(str(self.path), self._claim)  # type: ignore[misc]
 
     def close(self) -> None:
         db = getattr(self, "_db", None)
@@ -150,6 +155,7 @@ class LocalTier:
         """
         db, self._db = getattr(self, "_db", None), None  # type: ignore[assignment]
         path = self.path
+        claim, self._claim = self._claim, None
 
         def release() -> None:
             try:
@@ -162,6 +168,8 @@ class LocalTier:
                     db.close()
             finally:
                 shutil.rmtree(path, ignore_errors=True)
+                if claim is not None:
+                    claim.release()
 
         if wait:
             release()
