@@ -22,7 +22,8 @@ its process is gone.
 destroyed, the lock is closed and the folder deleted. A process keeps one open file per
 base folder in use, not per base ever used (a test suite makes thousands).
 
-**The sweep.** When a process claims its folder under a base, it takes every sibling
+**The sweep.** Whenever a process takes a hold on its folder under a base (each subtask
+attempt's open), it takes every sibling
 `p<pid>-<hex>` folder whose `.owner.lock` it can lock: it renames it, lock held, to
 `.deleting-<name>` (at once), and deletes the renamed folders in a daemon thread. Only
 real folders with a regular `.owner.lock` are taken (never through a symbolic link; a
@@ -141,8 +142,9 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
 
 def claim_process_folder(base: str) -> FolderClaim:
     """This process's tier-2 folder under `base`, created and claimed (locked) by the first
-    hold, whose claim also sweeps the folders of processes that are gone (module
-    docstring).
+    hold; every hold also sweeps the folders of processes that are gone (module
+    docstring): each subtask attempt's open, a listing and a non-blocking lock try per
+    other process's folder.
 
     :param base: the tier-2 base folder (`state.backend.ndb.local.dir`, Flink's local
         folder or `$TMPDIR`).
@@ -158,20 +160,24 @@ def claim_process_folder(base: str) -> FolderClaim:
         claim = _claims.get(identity)
         if claim is not None:
             claim.users += 1
-            return FolderClaim(claim.path, identity)
-        lock = None
-        if fcntl is not None:
-            try:
-                lock = _claim(folder)
-            except OSError as err:
-                # e.g. a file system without flock: unclaimed, so never swept
-                log.warning("pyflink-ndb: cannot lock the tier-2 folder %s (%s): if this "
-                            "process is killed, its folder is not deleted by the next one",
-                            folder, err)
-        _claims[identity] = _Claim(folder, lock, 1)
-    hold = FolderClaim(folder, identity)
-    if lock is None:
-        return hold
+        else:
+            lock = None
+            if fcntl is not None:
+                try:
+                    lock = _claim(folder)
+                except OSError as err:
+                    # e.g. a file system without flock: unclaimed, so never swept
+                    log.warning("pyflink-ndb: cannot lock the tier-2 folder %s (%s): if "
+                                "this process is killed, its folder is not deleted by the "
+                                "next one", folder, err)
+            claim = _claims[identity] = _Claim(folder, lock, 1)
+        hold = FolderClaim(claim.path, identity)
+        if claim.lock is None:
+            return hold
+    # Every hold sweeps, not only the first: a TaskManager that outlives another one on
+    # the same base takes the failed-over subtasks and would otherwise never sweep while
+    # it holds its own folder (a breaker's find: a killed TaskManager's gigabytes stayed
+    # for the whole life of the job restarted on the survivor).
     try:
         swept = sweep_orphans(root, wait=False)
     except Exception:  # noqa: BLE001 - a sweep never fails the subtask's open
