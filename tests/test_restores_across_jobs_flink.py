@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,10 @@ class Count(KeyedProcessFunction):
 
 
 def build(env: Any, mode: str, p: int, options: dict[str, str], path: Path,
-          records: int, throttle_ms: float, fail_marker: str | None = None) -> None:
+          records: int, throttle_ms: float, fail_marker: str | None = None,
+          sink: Callable[[Any], Any] | None = None) -> None:
+    """The job (module docstring); `sink` attaches the sink to the appended outputs
+    (default: Flink's DiscardingSink at parallelism `p`)."""
     stream = env.from_source(NumberSequenceSource(0, records - 1),
                              WatermarkStrategy.no_watermarks(), "seq").uid("seq") \
         .set_parallelism(1) \
@@ -100,15 +104,23 @@ def build(env: Any, mode: str, p: int, options: dict[str, str], path: Path,
                                   uid="count", options=options)
     else:  # "switch" (state.backend.ndb.enabled in the job's configuration) or "flink"
         out = keyed.process(Count(fail_marker), output_type=Types.STRING()).uid("count")
-    out.set_parallelism(p).map(append_to(str(path)), output_type=Types.STRING()) \
-        .set_parallelism(p).add_sink(
+    appended = out.set_parallelism(p).map(append_to(str(path)), output_type=Types.STRING()) \
+        .set_parallelism(p).uid("append")
+    if sink is None:
+        appended.add_sink(
             SinkFunction("org.apache.flink.streaming.api.functions.sink.DiscardingSink"))
+    else:
+        sink(appended)
 
 
 def start(mode: str, p: int, ns: str, url: str, path: Path, *, records: int,
           throttle_ms: float, ckpt_dir: Path | None = None, retained: int = 2,
           restore: str | None = None, interval_ms: int = 300,
-          extra: dict[str, str] | None = None, fail_marker: str | None = None) -> Any:
+          extra: dict[str, str] | None = None, fail_marker: str | None = None,
+          jars: Sequence[str] = (), sink: Callable[[Any], Any] | None = None,
+          name: str = "breaker-restores") -> Any:
+    """Submit the job (:func:`build`) in `mode` at parallelism `p`; `jars` go on the
+    job's classpath before the job is built (a `sink` may use their classes)."""
     settings: dict[str, str] = {"execution.checkpointing.num-retained": str(retained)}
     if ckpt_dir is not None:
         settings["state.checkpoints.dir"] = ckpt_dir.as_uri()
@@ -122,9 +134,11 @@ def start(mode: str, p: int, ns: str, url: str, path: Path, *, records: int,
         settings.update({"state.backend.ndb.enabled": "true", **options})
     settings.update(extra or {})
     env = thread_mode_env(1, settings)
+    if jars:
+        env.add_jars(*jars)
     env.enable_checkpointing(interval_ms, CheckpointingMode.EXACTLY_ONCE)
-    build(env, mode, p, options, path, records, throttle_ms, fail_marker)
-    return env.execute_async(f"breaker-restores-{mode}-p{p}")
+    build(env, mode, p, options, path, records, throttle_ms, fail_marker, sink)
+    return env.execute_async(f"{name}-{mode}-p{p}")
 
 
 def lines(path: Path) -> list[tuple[Any, ...]]:

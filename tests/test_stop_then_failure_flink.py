@@ -22,23 +22,16 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from conftest import append_to, drop_namespace, thread_mode_env, unique_namespace
-from pyflink.common import Types, WatermarkStrategy
-from pyflink.datastream import CheckpointingMode
-from pyflink.datastream.connectors.number_seq import NumberSequenceSource
+from conftest import drop_namespace, unique_namespace
 from pyflink.datastream.functions import SinkFunction
 from test_restores_across_jobs_flink import (
-    ROW,
-    Count,
-    Throttle,
     cancel,
     check,
     job_checkpoints,
     lines,
     run_until_checkpoint,
 )
-
-import pyflink_ndb
+from test_restores_across_jobs_flink import start as start_job
 
 pytestmark = pytest.mark.flink
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -102,37 +95,17 @@ def sink_jar(tmp_path_factory: pytest.TempPathFactory) -> str:
 def start(mode: str, p: int, ns: str, url: str, path: Path, *, ckpt_dir: Path, jar: str,
           throttle_ms: float, restore: str | None = None, marker: str | None = None,
           extra: dict[str, str] | None = None) -> Any:
-    settings = {"execution.checkpointing.num-retained": "2",
-                "state.checkpoints.dir": ckpt_dir.as_uri(),
-                "execution.checkpointing.externalized-checkpoint-retention":
-                    "RETAIN_ON_CANCELLATION"}
-    if restore is not None:
-        settings["execution.savepoint.path"] = restore
-    options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": ns,
-               "state.backend.ndb.cache.max-entries": "4"}
-    if mode == "switch":
-        settings.update({"state.backend.ndb.enabled": "true", **options})
-    settings.update(extra or {})
-    env = thread_mode_env(1, settings)
-    env.add_jars(jar)
-    env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
-    stream = env.from_source(NumberSequenceSource(0, RECORDS - 1),
-                             WatermarkStrategy.no_watermarks(), "seq").uid("seq") \
-        .set_parallelism(1) \
-        .map(Throttle(throttle_ms), output_type=ROW).uid("throttle").set_parallelism(1)
-    keyed = stream.key_by(lambda r: r[0], key_type=Types.STRING())
-    if mode == "process":
-        out = pyflink_ndb.process(keyed, Count(), output_type=Types.STRING(), uid="count",
-                                  options=options)
-    else:
-        out = keyed.process(Count(), output_type=Types.STRING()).uid("count")
-    out = out.set_parallelism(p).map(append_to(str(path)), output_type=Types.STRING()) \
-        .set_parallelism(p).uid("append")
-    from pyflink.java_gateway import get_gateway
+    """test_restores_across_jobs_flink's job, whose sink is a task of its own (parallelism
+    1) that fails in close() once `marker` exists: after the keyed subtasks closed."""
+    def failing_sink(out: Any) -> None:
+        from pyflink.java_gateway import get_gateway
 
-    sink = get_gateway().jvm.breaker.FailOnCloseSink(marker or str(path) + ".never", 4000)
-    out.add_sink(SinkFunction(sink)).uid("fail-on-close").set_parallelism(1)
-    return env.execute_async(f"breaker-end-{mode}-p{p}")
+        sink = get_gateway().jvm.breaker.FailOnCloseSink(marker or str(path) + ".never", 4000)
+        out.add_sink(SinkFunction(sink)).uid("fail-on-close").set_parallelism(1)
+
+    return start_job(mode, p, ns, url, path, records=RECORDS, throttle_ms=throttle_ms,
+                     ckpt_dir=ckpt_dir, restore=restore, extra=extra, jars=[jar],
+                     sink=failing_sink, name="breaker-end")
 
 
 def _ended_branches(url: str, ns: str) -> dict[str, Any]:
