@@ -11,9 +11,9 @@ tiers) leaves its folder behind. Flink likewise deletes its own local-state fold
 allocations that no slot holds any more
 (`TaskExecutorLocalStateStoresManager.retainLocalStateForAllocations`).
 
-**The claim.** Each process holds an exclusive `flock` on `<folder>/.owner.lock` for its
-whole life: the kernel releases it when the process ends, however it ends, so a lock that
-can be taken belongs to nobody. The lock file is locked under a temporary name and only
+**The claim.** A process holds an exclusive `flock` on `<folder>/.owner.lock` while it
+uses the folder: the kernel releases it when the process ends, however it ends, so a lock
+that can be taken belongs to nobody. The lock file is locked under a temporary name and only
 then renamed to `.owner.lock`, so a folder whose `.owner.lock` exists is claimed unless
 its process is gone.
 
@@ -222,9 +222,13 @@ def sweep_orphans(root: str, wait: bool = True) -> list[str]:
     for name in names:
         path = Path(root, name)
         if name == PROCESS_FOLDER or not PROCESS_FOLDER_NAME.fullmatch(name) \
-                or path.is_symlink() or not path.is_dir() \
-                or _identity(path.stat()) in _claims:
+                or path.is_symlink() or not path.is_dir():
             continue
+        try:
+            if _identity(path.stat()) in _claims:
+                continue  # this process's, under another name (a link to the base)
+        except OSError:
+            continue  # gone meanwhile (another sweep)
         try:
             # never blocks (a FIFO put there), never follows a link
             fd = os.open(path / OWNER_LOCK,
@@ -242,7 +246,7 @@ def sweep_orphans(root: str, wait: bool = True) -> list[str]:
             os.close(fd)
         swept.append(name)
     doomed = [Path(root, n) for n in os.listdir(root) if n.startswith(DELETING)
-              and Path(root, n).is_dir() and not Path(root, n).is_symlink()]
+              and not Path(root, n).is_symlink() and Path(root, n).is_dir()]
     if doomed:
         if wait:
             _delete(doomed)
