@@ -107,9 +107,11 @@ def prepare_bridge(stream: Any, operator: str | None,
     mode = j_conf.getString("python.execution-mode", "process")
     if mode != "thread":
         raise ConfigurationError(
-            f"pyflink-ndb needs thread mode, but python.execution-mode is {mode!r}. Set "
-            "`python.execution-mode: thread` in flink-conf.yaml or "
-            "config.set_string('python.execution-mode', 'thread').")
+            f"pyflink-ndb needs thread mode, but python.execution-mode is {mode!r}. Set it "
+            "in the job's Configuration: config.set_string('python.execution-mode', "
+            "'thread') before StreamExecutionEnvironment.get_execution_environment(config) "
+            "(a local `python job.py` reads only that; flink-conf.yaml applies to jobs "
+            "submitted with `flink run` to a cluster).")
     if not j_conf.containsKey("python.executable"):
         # Restarted tasks need the same interpreter (see README, "Thread mode").
         j_conf.setString("python.executable", sys.executable)

@@ -173,7 +173,8 @@ def fresh_start_conflict(store: StateStore, options: NdbStateOptions, operator: 
         f"Namespace {options.namespace!r} in {store.describe()} already holds committed "
         f"state of {who} (latest completed checkpoint "
         f"{committed.checkpoint_id}) and this job starts without a checkpoint or savepoint. "
-        "Restore the job from its checkpoint/savepoint (execution.savepoint.path), or set "
+        "Restore the job from its checkpoint/savepoint (execution.state-recovery.path, "
+        "formerly execution.savepoint.path; `flink run -s`), or set "
         "state.backend.ndb.on-fresh-start to `resume` (continue from that checkpoint) or "
         "`truncate` (start over; the old state is released), or use another "
         "state.backend.ndb.namespace.")
