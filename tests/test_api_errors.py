@@ -29,7 +29,8 @@ def keyed(mode: str = "thread"):
 
 
 def test_process_mode_is_rejected_naming_the_setting(tmp_path):
-    with pytest.raises(ConfigurationError, match="python.execution-mode: thread"):
+    with pytest.raises(ConfigurationError,
+                       match=r"config\.set_string\('python\.execution-mode', 'thread'\)"):
         pyflink_ndb.process(keyed("process"), Noop(), options={
             "state.backend.ndb.url": f"sqlite:///{tmp_path}/s.sqlite"})
 
