@@ -639,7 +639,7 @@ def _read_entries(store: StateStore, states: dict[str, list[StateInfo]], *, key:
 @click.option("--operator", default=None,
               help="Operator: its uid (default: the namespace's only operator).")
 @click.option("--state", "state_name", default=None,
-              help="State name (default: the operator's only state).")
+              help="State name (default: every state that holds the key).")
 @_key_type
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json",
               show_default=True)
@@ -647,9 +647,9 @@ def _read_entries(store: StateStore, states: dict[str, list[StateInfo]], *, key:
 def get(url: str, namespace: str, operator: str | None, state_name: str | None,
         key_type: str, fmt: str, key: str) -> None:
     """Print one key's committed value, as the state API returns it (a ListState's list,
-    a MapState's mapping; values of any size; TTL-expired: absent). --operator and
-    --state may be left out where the namespace has one operator, or the operator one
-    state."""
+    a MapState's mapping; values of any size; TTL-expired: absent). --operator may be
+    left out where the namespace has one operator; without --state, every state of the
+    operator that holds the key is printed (one JSON line, or one table, each)."""
     with _opened(_open, url, namespace) as store:
         ops = _operators(store, namespace, operator)
         if len(ops) != 1:
@@ -658,33 +658,32 @@ def get(url: str, namespace: str, operator: str | None, state_name: str | None,
                 f"{': ' + ', '.join(ops) if ops else ''}; name one with --operator.")
         operator = operator or ops[0]
         states = _states(store, ops, state_name)
-        if state_name is None:
-            names = sorted({s.name for s in states[ops[0]]})
-            if len(names) != 1:
-                raise click.ClickException(
-                    f"Operator {operator!r} has {len(names)} states"
-                    f"{': ' + ', '.join(names) if names else ''}; name one with --state.")
-            state_name = names[0]
-            states = _states(store, ops, state_name)
         wanted = parse_key(key, key_type)
         for attempt in range(_STALE_ATTEMPTS):
             try:
-                found = next(iter(_read_entries(store, states, key=wanted, key_given=True,
-                                                limit=1)), None)
+                found = list(_read_entries(store, states, key=wanted, key_given=True,
+                                           limit=1 if state_name is not None else None))
                 break
             except StaleReadError:
                 if attempt == _STALE_ATTEMPTS - 1:
                     raise
-        if found is None:
+        if not found:
             sample = _key_sample(store, states)
+            names = ", ".join(sorted({s.name for s in states[ops[0]]})) or "none"
+            where = (f"State {state_name!r} of operator {operator!r} has no committed key "
+                     f"{wanted!r}" if state_name else
+                     f"Operator {operator!r} has no committed key {wanted!r} in any of its "
+                     f"states ({names})")
             raise click.ClickException(
-                f"State {state_name!r} of operator {operator!r} has no committed key "
-                f"{wanted!r}{_key_hint(key_type, sample)}; some of its keys: "
+                f"{where}{_key_hint(key_type, sample)}; some of its keys: "
                 f"{', '.join(sample) or 'none'} (pyflink-ndb scan lists them).")
-        doc = _entry_json(found)
-        if fmt == "json":
-            click.echo(json.dumps(doc, ensure_ascii=False))
-        else:
+        for n, entry in enumerate(found):
+            doc = _entry_json(entry)
+            if fmt == "json":
+                click.echo(json.dumps(doc, ensure_ascii=False))
+                continue
+            if n:
+                click.echo("")
             for line in _table(["FIELD", "VALUE"], [[k, _compact(v, 0) if k in (
                     "key", "value") else v] for k, v in doc.items()]):
                 click.echo(line)

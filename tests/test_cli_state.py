@@ -266,12 +266,23 @@ def test_get_needs_operator_and_state_only_where_there_is_a_choice(flights: Flig
                                                                    tmp_path: Path):
     """A new user's trial: `get` asked for --operator and --state even where the namespace
     held one of each."""
-    # one operator here: --operator may go, --state (five states) may not
+    # one operator here: --operator may go
     value = json.loads(run("get", *base(flights), "--state", "route", BLOB_KEY).stdout)
     assert value["value"] == flights.route[BLOB_KEY]
-    out = run("get", *base(flights), BLOB_KEY, ok=False)
-    assert (f"Operator {OPERATOR!r} has 5 states: aircraft, blob, last_hour, per_dest, "
-            "route; name one with --state.") in out.output
+    # without --state: every state that holds the key, one JSON line each (a second new
+    # user: "show me this key")
+    docs = [json.loads(line) for line in run("get", *base(flights), BLOB_KEY).stdout
+            .splitlines()]
+    by_state = {d["state"]: d["value"] for d in docs}
+    assert tuple(by_state["aircraft"]) == flights.aircraft[BLOB_KEY]
+    assert by_state["route"] == flights.route[BLOB_KEY]
+    assert by_state["per_dest"] == flights.per_dest[BLOB_KEY]
+    assert "blob" in by_state and len(docs) == len(by_state)
+    table = run("get", *base(flights), "--format", "table", BLOB_KEY).output
+    assert table.count("FIELD") == len(docs)
+    out = run("get", *base(flights), "NOSUCH", ok=False)
+    assert (f"Operator {OPERATOR!r} has no committed key 'NOSUCH' in any of its states "
+            "(aircraft, blob, last_hour, per_dest, route)") in out.output
     # one operator with one state: neither is needed
     url = f"sqlite:///{tmp_path / 'one.sqlite'}"
     store = open_store(NdbStateOptions(url=url, namespace="one"))

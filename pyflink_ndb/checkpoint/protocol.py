@@ -481,7 +481,9 @@ class CheckpointProtocol:
                     f"{self.store.describe()}: it was subsumed by later checkpoints, "
                     "released, aborted, or the namespace was truncated, and its versions may "
                     "be gone. Restore a snapshot that is still restorable: `pyflink-ndb "
-                    "savepoints --all` lists them, with the checkpoint id and job of each.")
+                    f"savepoints --all --url URL --namespace {self.options.namespace}` lists "
+                    "them, with the checkpoint id and job of each (URL: "
+                    "state.backend.ndb.url, with the password if it needs one).")
 
     def _check_identity(self, mine: Sequence[Token], origins: Mapping[int, BranchOrigin]
                         ) -> None:
