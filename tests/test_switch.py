@@ -9,7 +9,6 @@ operators compute is tests/test_switch_flink.py's job.
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Any
 
 import pytest
@@ -201,31 +200,6 @@ def test_the_switch_reads_every_boolean_spelling_and_refuses_others():
     keyed = env.from_collection([1], Types.INT()).key_by(lambda v: v)
     with pytest.raises(ConfigurationError, match="state.backend.ndb.enabled='on' is not "
                                                  "true or false"):
-        keyed.map(WithState())
-
-
-def test_a_switch_only_in_the_conf_dir_warns_that_a_local_job_ignores_it(
-        tmp_path, monkeypatch):
-    """A new user's trial: `FLINK_CONF_DIR` with `state.backend.ndb.enabled: true` and a
-    job started with `python job.py` (a MiniCluster, which does not apply that file): the
-    job ran on Flink's own state without a word."""
-    from pyflink_ndb.api import switch
-
-    (tmp_path / "flink-conf.yaml").write_text("state.backend.ndb.enabled: true\n")
-    monkeypatch.setenv("FLINK_CONF_DIR", str(tmp_path))
-    monkeypatch.setattr(switch, "_conf_dir_checked", False)
-    keyed = environment().from_collection([1], Types.INT()).key_by(lambda v: v)
-    with pytest.warns(UserWarning, match="does not apply that file"):
-        assert not operator_class(keyed.map(WithState())).startswith(NDB)
-    # once per process
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        keyed.map(WithState())
-    # a file that leaves the switch off says nothing
-    (tmp_path / "flink-conf.yaml").write_text("state.backend.ndb.enabled: false\n")
-    monkeypatch.setattr(switch, "_conf_dir_checked", False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
         keyed.map(WithState())
 
 
