@@ -1,7 +1,8 @@
 """A standalone Flink cluster of the tests' own, started from the apache-flink wheel by
 `scripts/cluster.sh` in a folder and on ports of its own (so a cluster started with `make
-cluster-up`, or another test file's, is left alone): the helpers `tests/test_cluster.py`
-and `tests/test_cluster_restores.py` share."""
+cluster-up`, or another test file's, is left alone): the helpers `tests/test_cluster.py`,
+`tests/test_cluster_restores.py` and `tests/test_cluster_breaker_local_recovery.py`
+share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -83,6 +85,23 @@ class StandaloneCluster:
         """GET `path` of the REST API, as JSON."""
         with urllib.request.urlopen(self.url + path, timeout=self.rest_timeout_s) as resp:
             return json.load(resp)
+
+    def job_state(self, jid: str) -> str:
+        """The state of job `jid` (RUNNING, FINISHED, ...), from the REST API."""
+        return str(self.rest(f"/jobs/{jid}")["state"])
+
+    def wait_job_state(self, jid: str, wanted: set[str], timeout_s: float,
+                       poll_s: float) -> str:
+        """Wait until job `jid` is in one of `wanted` states; returns it (fails the test
+        with the logs' tails after `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            s = self.job_state(jid)
+            if s in wanted:
+                return s
+            time.sleep(poll_s)
+        pytest.fail(f"job {jid} not in {wanted} after {timeout_s}s: {self.job_state(jid)}\n"
+                    f"{self.log_tail(40)}")
 
     @contextmanager
     def running(self, up_timeout_s: float) -> Iterator[str]:

@@ -126,17 +126,11 @@ def submit_detached(*args: str) -> str:
 
 
 def state(jid: str) -> str:
-    return str(rest(f"/jobs/{jid}")["state"])
+    return CLUSTER.job_state(jid)
 
 
 def wait_state(jid: str, wanted: set[str], timeout_s: float = 150) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        s = state(jid)
-        if s in wanted:
-            return s
-        time.sleep(0.3)
-    pytest.fail(f"job {jid} not in {wanted} after {timeout_s}s: {state(jid)}\n{log_tail()}")
+    return CLUSTER.wait_job_state(jid, wanted, timeout_s, poll_s=0.3)
 
 
 def counts(jid: str) -> dict:

@@ -219,17 +219,11 @@ def run_attached(*args: str) -> tuple[subprocess.CompletedProcess[str], str]:
 
 
 def state(jid: str) -> str:
-    return str(rest(f"/jobs/{jid}")["state"])
+    return CLUSTER.job_state(jid)
 
 
 def wait_state(jid: str, wanted: set[str], timeout_s: float = 300) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        s = state(jid)
-        if s in wanted:
-            return s
-        time.sleep(0.5)
-    pytest.fail(f"job {jid} not in {wanted} after {timeout_s}s: {state(jid)}\n{log_tail()}")
+    return CLUSTER.wait_job_state(jid, wanted, timeout_s, poll_s=0.5)
 
 
 def completed_ckpts(jid: str) -> int:
