@@ -67,3 +67,49 @@ def test_a_retained_count_that_is_no_number_is_refused_by_name():
                    {"execution.checkpointing.num-retained": "3"})
     with pytest.raises(ConfigurationError, match="checkpoints.retained"):
         from_flink_keys(keys)
+
+
+def restoring(states: object, **options: str) -> tuple[object, object]:
+    raw = {**BASE, "options": json.dumps(options), "cluster_options": {}}
+    if states != "absent":
+        raw["restored_flink_keyed_states"] = states
+    keys, info = parse_bind_info(json.dumps(raw))
+    return from_flink_keys(keys), info
+
+
+def test_keyed_state_of_flinks_backend_in_the_restored_snapshot_is_refused_by_name(caplog):
+    """A savepoint taken with the switch off holds the operator's keyed state in Flink's
+    backend; restored with the switch on it would be lost without a word (Flink keeps
+    restored state that no operator registers). tests/test_switch_from_flink_state_flink.py
+    runs it on Flink."""
+    from pyflink_ndb.errors import StateCompatibilityError
+    from pyflink_ndb.runtime.backend import check_flink_keyed_state
+
+    options, info = restoring([{"name": "n", "kind": "VALUE"},
+                               {"name": "buckets", "kind": "MAP"}])
+    assert info.restored_flink_keyed_states == (("n", "VALUE"), ("buckets", "MAP"))
+    with pytest.raises(StateCompatibilityError) as refused:
+        check_flink_keyed_state(options, info)
+    message = str(refused.value)
+    assert "'n' (value), 'buckets' (map)" in message and "checkpoint 7" in message
+    assert "restore this snapshot with the switch off" in message
+    assert "state.backend.ndb.restore.flink-keyed-state: ignore" in message
+
+    options, info = restoring([{"name": "n", "kind": "VALUE"}],
+                              **{"state.backend.ndb.restore.flink-keyed-state": "ignore"})
+    with caplog.at_level("WARNING"):
+        check_flink_keyed_state(options, info)  # ignored, said in the log
+    assert "'n' (value)" in caplog.text and "ignored" in caplog.text
+
+    for states in ([], "absent"):  # none restored; a bridge that does not send the field
+        options, info = restoring(states)
+        assert info.restored_flink_keyed_states == ()
+        check_flink_keyed_state(options, info)
+    caplog.clear()
+    options, info = restoring(None)  # the bridge could not tell: said, not refused
+    with caplog.at_level("WARNING"):
+        check_flink_keyed_state(options, info)
+    assert "could not list" in caplog.text
+
+    with pytest.raises(ConfigurationError, match="restore.flink-keyed-state"):
+        from_flink_keys({"state.backend.ndb.restore.flink-keyed-state": "drop"})

@@ -203,6 +203,60 @@ def test_the_switch_reads_every_boolean_spelling_and_refuses_others():
         keyed.map(WithState())
 
 
+#: Builds a keyed map with keyed state twice in a local environment and prints the
+#: operator's class; run in a process of its own (FLINK_CONF_DIR is read when PyFlink's
+#: Java gateway starts: changed in the test process, it reaches later tests' jobs).
+CONF_DIR_JOB = """
+import sys, warnings
+warnings.simplefilter("default")
+from pyflink.common import Configuration, Types
+from pyflink.datastream import MapFunction, StreamExecutionEnvironment
+from pyflink.datastream.state import ValueStateDescriptor
+import pyflink_ndb
+
+class WithState(MapFunction):
+    def open(self, runtime_context):
+        self.seen = runtime_context.get_state(ValueStateDescriptor("seen", Types.LONG()))
+
+    def map(self, value):
+        return value
+
+config = Configuration()
+config.set_string("python.execution-mode", "thread")
+config.set_string("python.executable", sys.executable)
+env = StreamExecutionEnvironment.get_execution_environment(config)
+keyed = env.from_collection([1], Types.INT()).key_by(lambda v: v)
+for _ in range(2):
+    mapped = keyed.map(WithState())
+    factory = mapped._j_data_stream.getTransformation().getOperatorFactory()
+    print(factory.getOperator().getClass().getName())
+"""
+
+
+@pytest.mark.parametrize("value,warned", [("true", True), ("false", False)])
+def test_a_switch_only_in_the_conf_dir_warns_that_a_local_job_ignores_it(
+        value, warned, tmp_path):
+    """A new user's trial: `FLINK_CONF_DIR` with `state.backend.ndb.enabled: true` and a
+    job started with `python job.py` (a MiniCluster, which does not apply that file): the
+    job ran on Flink's own state without a word. Now `import pyflink_ndb` warns, once per
+    process; a file that leaves the switch off says nothing."""
+    import os
+    import subprocess
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "flink-conf.yaml").write_text(f"state.backend.ndb.enabled: {value}\n")
+    (tmp_path / "job.py").write_text(CONF_DIR_JOB)
+    run = subprocess.run([sys.executable, str(tmp_path / "job.py")], capture_output=True,
+                         text=True, timeout=180, cwd=tmp_path,
+                         env={**os.environ, "FLINK_CONF_DIR": str(conf)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    # (the JVM's log4j also prints to stdout: no log4j file in this FLINK_CONF_DIR)
+    classes = [line for line in run.stdout.split() if line.startswith(("org.", "io."))]
+    assert len(classes) == 2 and not any(c.startswith(NDB) for c in classes), run.stdout
+    assert run.stderr.count("does not apply that file") == (1 if warned else 0), run.stderr
+
+
 def test_the_switch_in_process_mode_is_a_configuration_error():
     env = environment(mode="process", **{"state.backend.ndb.enabled": "true"})
     keyed = env.from_collection([1], Types.INT()).key_by(lambda v: v)

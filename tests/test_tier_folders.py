@@ -27,25 +27,19 @@ from pyflink_ndb.tiers import folders
 
 ROOT = Path(__file__).parent.parent
 
-#: Opens a subtask with tier 2 under argv[2], writes 200 values of 1 KB and evicts them
-#: to tier 2, prints its process folder, then kills itself (no atexit, no exit hook) or
+#: Opens a subtask with tier 2 under argv[2] holding 200 values evicted to tier 2
+#: (tests/tier_child.py), prints its process folder, then kills itself (no atexit, no exit hook) or
 #: waits for its stdin to close and closes the subtask.
 SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from pyflink.common.typeinfo import Types
-    from pyflink.datastream.state import ValueStateDescriptor
+    sys.path.insert(0, "tests")
+    from tier_child import open_filled
     from pyflink_ndb.config import NdbStateOptions
     from pyflink_ndb.stores import open_store
-    from pyflink_ndb.testing import LocalSubtask
 
     url, local_dir, how = sys.argv[1], sys.argv[2], sys.argv[3]
     store = open_store(NdbStateOptions(url=url, namespace="folders"))
-    t = LocalSubtask(store, NdbStateOptions(cache_max_entries=1), local_dir=local_dir,
-                     job_id="f" * 32)
-    v = t.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
-    for k in range(200):
-        t.key(k)
-        v.update(b"x" * 1000)
+    t, v = open_filled(store, local_dir, job_id="f" * 32)
     t.checkpoint(1)
     print(t.backend.tier_folder, flush=True)
     if how == "kill":

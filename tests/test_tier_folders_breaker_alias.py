@@ -33,8 +33,8 @@ ROOT = Path(__file__).parent.parent
 #: more (RocksDB flushes), reads its first values back and closes.
 SCRIPT = textwrap.dedent("""
     import os, sys
-    from pyflink.common.typeinfo import Types
-    from pyflink.datastream.state import ValueStateDescriptor
+    sys.path.insert(0, "tests")
+    from tier_child import open_filled, overflow_then_check
     from pyflink_ndb.config import NdbStateOptions
     from pyflink_ndb.stores import open_store
     from pyflink_ndb.testing import LocalSubtask
@@ -42,28 +42,14 @@ SCRIPT = textwrap.dedent("""
     db, base, link, other = sys.argv[1:5]
     store = open_store(NdbStateOptions(url=f"sqlite:///{db}", namespace="alias"))
     options = NdbStateOptions(cache_max_entries=1)
-    first = LocalSubtask(store, options, local_dir=base)
-    v = first.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
-    for k in range(200):
-        first.key(k)
-        v.update(b"%d" % k * 100)
+    first, v = open_filled(store, base)
     LocalSubtask(store, options, local_dir=link).close()
     os.unlink(link)
     LocalSubtask(store, options, local_dir=other).close()
     print(first.backend.tier_folder, flush=True)
     sys.stdin.readline()
-    try:
-        for k in range(200, 80200):
-            first.key(k)
-            v.update(b"y" * 1000)
-        print("big write: ok", flush=True)
-    except Exception as e:
-        print("big write failed:", repr(e)[:400], flush=True)
-    wrong = []
-    for k in range(200):
-        first.key(k)
-        if v.value() != b"%d" % k * 100:
-            wrong.append(k)
+    written, wrong = overflow_then_check(first, v)
+    print("big write:", written, flush=True)
     print("wrong values:", wrong, flush=True)
     first.close()
     store.close()

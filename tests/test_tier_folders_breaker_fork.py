@@ -31,36 +31,21 @@ ROOT = Path(__file__).parent.parent
 #: values back and closes; the script prints what A met and A's exit code.
 SCRIPT = textwrap.dedent("""
     import multiprocessing, sys
-    from pyflink.common.typeinfo import Types
-    from pyflink.datastream.state import ValueStateDescriptor
+    sys.path.insert(0, "tests")
+    from tier_child import open_filled, overflow_then_check
     from pyflink_ndb.config import NdbStateOptions
     from pyflink_ndb.stores import open_store
-    from pyflink_ndb.testing import LocalSubtask
 
     db, base = sys.argv[1], sys.argv[2]
 
     def worker(name, ready, go, result):
         store = open_store(NdbStateOptions(url=f"sqlite:///{db}-{name}", namespace="fork"))
-        t = LocalSubtask(store, NdbStateOptions(cache_max_entries=1), local_dir=base)
-        v = t.context.get_state(ValueStateDescriptor("v", Types.PICKLED_BYTE_ARRAY()))
-        for k in range(200):
-            t.key(k)
-            v.update(b"%d" % k * 100)
+        t, v = open_filled(store, base)
         ready.put(t.backend.tier_folder)
         if go is not None:
             go.get()
-            try:  # past RocksDB's 64 MB memtable: a flush writes a table file
-                for k in range(200, 80200):
-                    t.key(k)
-                    v.update(b"y" * 1000)
-                print("A big write: ok", flush=True)
-            except Exception as e:
-                print("A big write failed:", repr(e)[:400], flush=True)
-            wrong = []
-            for k in range(200):
-                t.key(k)
-                if v.value() != b"%d" % k * 100:
-                    wrong.append(k)
+            written, wrong = overflow_then_check(t, v)
+            print("A big write:", written, flush=True)
             result.put(wrong)
         t.close()
         store.close()

@@ -35,6 +35,9 @@ mode (`python.execution-mode: process`, which the bridge cannot run: Configurati
 
 from __future__ import annotations
 
+import os
+import re
+import warnings
 from typing import Any
 
 from pyflink_ndb import _pyflink
@@ -68,8 +71,50 @@ def enabled(stream: Any) -> bool:
             raise ConfigurationError(
                 f"Unknown option {typo}. Did you mean {ENABLED_KEY}? (Without it the job "
                 "runs on Flink's own state.)")
+        _warn_if_only_in_conf_dir()
         return False
     return bool(option_value("enabled", raw))
+
+
+_conf_dir_checked = False
+
+
+def _warn_if_only_in_conf_dir() -> None:
+    """Once per process: warn when `$FLINK_CONF_DIR`'s `flink-conf.yaml` (or `config.yaml`)
+    turns the switch on but the job's configuration does not have it. Flink applies that
+    file to jobs submitted to a cluster (`flink run`), whose configuration then holds the
+    key; a job run locally (`python job.py`, a MiniCluster) takes only the `Configuration`
+    it was given, and ran on Flink's own state without a word (a new user's trial)."""
+    global _conf_dir_checked
+    if _conf_dir_checked:
+        return
+    _conf_dir_checked = True
+    folder = os.environ.get("FLINK_CONF_DIR")
+    if not folder:
+        return
+    for name in ("config.yaml", "flink-conf.yaml"):
+        path = os.path.join(folder, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        found = re.search(r"^\s*" + re.escape(ENABLED_KEY) + r"\s*:\s*['\"]?(\w+)", text,
+                          re.MULTILINE)
+        if found is None:
+            continue
+        try:
+            on = option_value("enabled", found.group(1))
+        except ConfigurationError:
+            on = False
+        if on:
+            warnings.warn(
+                f"{path} sets {ENABLED_KEY}: true, but this job's configuration does not: "
+                "a job run locally (python job.py, a MiniCluster) does not apply that file, "
+                "and runs on Flink's own state. Set it in the job's Configuration "
+                f"(config.set_string('{ENABLED_KEY}', 'true')), or submit the job with "
+                "`flink run` to a cluster that uses that file.", stacklevel=2)
+        return
 
 
 def _one_input(original: Any, data_stream: Any, func: Any, func_type: int,

@@ -35,7 +35,7 @@ from pyflink_ndb.checkpoint.prefetch import BackgroundPrefetch
 from pyflink_ndb.checkpoint.protocol import CheckpointProtocol, SubtaskScope
 from pyflink_ndb.config import NdbStateOptions
 from pyflink_ndb.cpu_pin import release_inherited
-from pyflink_ndb.errors import ConfigurationError, SerializationError
+from pyflink_ndb.errors import ConfigurationError, SerializationError, StateCompatibilityError
 from pyflink_ndb.runtime.interpreter import freeze_start_up_heap
 from pyflink_ndb.runtime.key_groups import KeyGroupCalculator
 from pyflink_ndb.serialization.keys import encode_key
@@ -100,6 +100,11 @@ class BindInfo:
     restored_tokens: tuple[str, ...] = ()
     #: The epoch offset of a checkpoint taken by row format 1 (legacy), else None.
     restored_epoch_offset: int | None = None
+    #: Keyed states of Flink's own state backend that the restored snapshot holds for this
+    #: operator, as (name, kind) with kind Flink's `VALUE`, `LIST`, `MAP`, … (timers left
+    #: out): written by the operator running with the switch off. Empty on a fresh start;
+    #: None when the bridge could not tell.
+    restored_flink_keyed_states: tuple[tuple[str, str], ...] | None = ()
     checkpointing_enabled: bool = True
     local_dir: str | None = None
     job_id: str = "local"
@@ -194,6 +199,8 @@ class SubtaskStateBackend:
         bridge); None: nobody waits.
     :raises StoreUnavailableError: the store cannot be reached.
     :raises NamespaceInUseError: see `on-fresh-start`.
+    :raises StateCompatibilityError: see `restore.flink-keyed-state`
+        (:func:`check_flink_keyed_state`).
     """
 
     def __init__(self, options: NdbStateOptions, info: BindInfo, key_groups: KeyGroupOracle,
@@ -205,6 +212,7 @@ class SubtaskStateBackend:
         self.clock_ms = clock_ms
         self._key_groups = key_groups
         self._closed = False
+        check_flink_keyed_state(options, info)
         self.store = store if store is not None else open_store(options)
         self._local: LocalTier | None = None
         self.tier_folder: str | None = None
@@ -717,6 +725,49 @@ class SubtaskStateBackend:
                      "tiers %.0f ms", self.info.operator, self.info.subtask_index,
                      "drained" if drain else "not drained",
                      (time.perf_counter() - started) * 1000, writer_ms, tiers_ms)
+
+
+def check_flink_keyed_state(options: NdbStateOptions, info: BindInfo) -> None:
+    """Refuse a restore whose snapshot holds keyed state of Flink's own backend for this
+    operator (`restore.flink-keyed-state: fail`, the default).
+
+    A switched operator keeps its keyed state in pyflink-ndb; only its timers are Flink's.
+    Keyed value, list or map state of Flink's backend in its restored snapshot was written
+    by the same operator with the switch off, and Flink keeps restored state that no
+    operator registers without a word (it only refuses state of operators missing from the
+    job: `execution.state-recovery.ignore-unclaimed-state`): the job would run on with that
+    state lost. The bridge lists those states at `initializeState`
+    (`StateBackendHooks.flinkKeyedStates`, from the state meta information of the restored
+    keyed backend).
+
+    :raises StateCompatibilityError: such states were restored and the option is `fail`;
+        the message names them and both ways on.
+    """
+    states = info.restored_flink_keyed_states
+    if info.restored_checkpoint_id is None or not states:
+        if states is None and info.restored_checkpoint_id is not None:
+            log.warning("pyflink-ndb %s/%d: the bridge could not list the keyed states of "
+                        "Flink's backend in restored checkpoint %d; state written with the "
+                        "switch off would not be noticed", info.operator,
+                        info.subtask_index, info.restored_checkpoint_id)
+        return
+    named = ", ".join(f"{name!r} ({kind.lower()})" for name, kind in states)
+    if options.restore_flink_keyed_state == "ignore":
+        log.warning("pyflink-ndb %s/%d: restored checkpoint %d holds keyed state of "
+                    "Flink's own state backend for this operator (%s), ignored as "
+                    "restore.flink-keyed-state says; this operator's pyflink-ndb state "
+                    "starts without it", info.operator, info.subtask_index,
+                    info.restored_checkpoint_id, named)
+        return
+    raise StateCompatibilityError(
+        f"Operator {info.operator!r} (subtask {info.subtask_index}) restores checkpoint "
+        f"{info.restored_checkpoint_id}, whose snapshot holds keyed state of Flink's own "
+        f"state backend for it: {named}. It was written with the switch off "
+        "(state.backend.ndb.enabled: false, or a job without pyflink-ndb); with the switch "
+        "on this operator keeps its keyed state in pyflink-ndb, so that state would be "
+        "lost without an error. To keep it, restore this snapshot with the switch off. To "
+        "start this operator's state in pyflink-ndb without it, set "
+        "state.backend.ndb.restore.flink-keyed-state: ignore (README, \"Limits\").")
 
 
 def restored_tokens(store: StateStore, info: BindInfo) -> list[Token] | None:

@@ -58,6 +58,7 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
         restored_checkpoint_id=_opt_int(info.get("restored_checkpoint_id")),
         restored_tokens=tuple(str(t) for t in info.get("restored_tokens") or ()),
         restored_epoch_offset=_opt_int(info.get("restored_epoch_offset")),
+        restored_flink_keyed_states=_flink_states(info.get("restored_flink_keyed_states", [])),
         checkpointing_enabled=bool(info.get("checkpointing_enabled", True)),
         local_dir=local_dirs[0] if local_dirs else None,
         job_id=str(info.get("job_id", "local")),
@@ -89,6 +90,13 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _flink_states(value: Any) -> tuple[tuple[str, str], ...] | None:
+    """The bridge's `restored_flink_keyed_states` (`[{"name", "kind"}]` or null)."""
+    if value is None:
+        return None
+    return tuple((str(s.get("name")), str(s.get("kind", "UNKNOWN"))) for s in value)
 
 
 def bind(info_json: str, key_groups: KeyGroupOracle,

@@ -8,13 +8,17 @@ import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.StateRecoveryOptions;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
 import org.apache.flink.runtime.checkpoint.SavepointType;
+import org.apache.flink.runtime.state.CheckpointableKeyedStateBackend;
 import org.apache.flink.runtime.state.DoneFuture;
+import org.apache.flink.runtime.state.FullSnapshotResources;
 import org.apache.flink.runtime.state.KeyGroupRange;
 import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
+import org.apache.flink.runtime.state.KeyedStateBackend;
 import org.apache.flink.runtime.state.StateInitializationContext;
 import org.apache.flink.runtime.state.OperatorStateHandle;
 import org.apache.flink.runtime.state.SnapshotResult;
 import org.apache.flink.runtime.state.StateSnapshotContext;
+import org.apache.flink.runtime.state.metainfo.StateMetaInfoSnapshot;
 import org.apache.flink.runtime.taskmanager.TaskManagerRuntimeInfo;
 import org.apache.flink.streaming.api.operators.OperatorSnapshotFutures;
 import org.apache.flink.streaming.api.operators.StreamingRuntimeContext;
@@ -97,6 +101,13 @@ final class StateBackendHooks {
     /** The restored snapshot's tokens (all subtasks'), empty on a fresh start. */
     private List<String> restoredTokens = Collections.emptyList();
 
+    /**
+     * The keyed states of Flink's own state backend that the restored snapshot holds for this
+     * operator ({@code {"name", "kind"}} each, timers left out); empty on a fresh start; null
+     * when the backend could not tell.
+     */
+    private List<Map<String, String>> restoredFlinkKeyedStates = Collections.emptyList();
+
     private ListState<String> tokensState;
 
     private ListState<Long> legacyOffsetState;
@@ -155,7 +166,67 @@ final class StateBackendHooks {
                     }
                 }
             }
+            restoredFlinkKeyedStates = flinkKeyedStates(operator.getKeyedStateBackend());
+        } else {
+            restoredFlinkKeyedStates = Collections.emptyList();
         }
+    }
+
+    /**
+     * The keyed value states (value, list, map, reducing, aggregating: Flink's {@code
+     * BackendStateType.KEY_VALUE}) that {@code backend} holds right after its restore, before
+     * the operator registers any: a switched operator keeps none there (its keyed state is
+     * pyflink-ndb's; only its timers, {@code PRIORITY_QUEUE}, are Flink's), so any it holds was
+     * written by the same operator running on Flink's own state backend (a savepoint or
+     * checkpoint taken with the switch off). Flink keeps restored state that no operator
+     * registers without a word, so Python refuses the restore unless told to ignore it
+     * ({@code state.backend.ndb.restore.flink-keyed-state}).
+     *
+     * <p>The names come from the state meta information that every keyed snapshot of
+     * Flink's backends carries ({@code KeyedBackendSerializationProxy}), read through {@link
+     * CheckpointableKeyedStateBackend#savepoint()}: the HashMap and the RocksDB backends (and
+     * the changelog backend over them) register each restored state's meta information at
+     * restore; the resources are released at once, nothing is read or written.
+     *
+     * @return {@code [{"name": .., "kind": ..}]}; null when the backend cannot tell (not a
+     *     checkpointable backend, or it failed: logged).
+     */
+    static List<Map<String, String>> flinkKeyedStates(KeyedStateBackend<?> backend) {
+        if (!(backend instanceof CheckpointableKeyedStateBackend)) {
+            return backend == null ? Collections.<Map<String, String>>emptyList() : null;
+        }
+        List<Map<String, String>> found = new ArrayList<>();
+        FullSnapshotResources<?> resources;
+        try {
+            resources =
+                    ((CheckpointableKeyedStateBackend<?>) backend)
+                            .savepoint()
+                            .getSnapshotResources();
+        } catch (Exception | LinkageError e) {
+            LOG.warn(
+                    "pyflink-ndb: cannot list the restored keyed states of Flink's backend {}",
+                    backend.getClass().getName(),
+                    e);
+            return null;
+        }
+        try {
+            for (StateMetaInfoSnapshot meta : resources.getMetaInfoSnapshots()) {
+                if (meta.getBackendStateType()
+                        != StateMetaInfoSnapshot.BackendStateType.KEY_VALUE) {
+                    continue;
+                }
+                Map<String, String> state = new LinkedHashMap<>();
+                state.put("name", meta.getName());
+                String kind =
+                        meta.getOption(
+                                StateMetaInfoSnapshot.CommonOptionsKeys.KEYED_STATE_TYPE);
+                state.put("kind", kind == null ? "UNKNOWN" : kind);
+                found.add(state);
+            }
+        } finally {
+            resources.release();
+        }
+        return found;
     }
 
     /**
@@ -427,6 +498,7 @@ final class StateBackendHooks {
         m.put("restored_checkpoint_id", restoredCheckpointId);
         m.put("restored_tokens", restoredTokens);
         m.put("restored_epoch_offset", restoredEpochOffset);
+        m.put("restored_flink_keyed_states", restoredFlinkKeyedStates);
         m.put("checkpointing_enabled", rc.isCheckpointingEnabled());
         m.put("local_dirs", asList(tmpDirs));
         m.put("job_id", rc.getJobInfo().getJobId().toString());

@@ -1,0 +1,125 @@
+"""A savepoint taken with the switch off, restored with it on (a new user's trial, 2026-12-07).
+
+Real MiniCluster jobs (thread mode) on MariaDB: test_restores_across_jobs_flink's job (a
+ValueState, a ListState, a MapState and a TTL ValueState per key) runs on Flink's own state
+backend (HashMap or RocksDB), takes a savepoint and is cancelled. The same job restored
+from that savepoint with the job-wide switch on keeps its keyed state in pyflink-ndb, so
+Flink would drop the savepoint's keyed state without a word (it keeps restored state that no
+operator registers). The switched operator must refuse (`restore.flink-keyed-state: fail`,
+the default) and name the states, or, told to `ignore`, start its state empty and run on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+from conftest import drop_namespace, unique_namespace
+from test_restores_across_jobs_flink import (
+    KEYS,
+    RECORDS,
+    cancel,
+    check,
+    finish,
+    job_checkpoints,
+    lines,
+    run_until_checkpoint,
+    start,
+)
+
+pytestmark = pytest.mark.flink
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: Flink's names and kinds of the job's keyed states (the StateMetaInfoSnapshot of each).
+FLINK_STATES = ("'n' (value)", "'seqs' (list)", "'buckets' (map)", "'prev' (value)")
+
+
+def savepoint_off(backend: str, ns: str, url: str, tmp_path: Path) -> str:
+    """The job with the switch off on `backend` to its third checkpoint, then a savepoint
+    (cancelled after it); returns the savepoint's path."""
+    ckpt = tmp_path / "ckpt"
+    a = start("flink", 1, ns, url, tmp_path / "a.txt", records=RECORDS, throttle_ms=4.0,
+              ckpt_dir=ckpt, extra={"state.backend.type": backend}, name="from-flink")
+    try:
+        run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
+        savepoint = a.trigger_savepoint(str(tmp_path / "sp")).result()
+        assert job_checkpoints(ckpt, a)
+    finally:
+        cancel(a)
+    check(lines(tmp_path / "a.txt"), RECORDS, to_end=False)
+    return savepoint
+
+
+def failure_text(error: BaseException) -> str:
+    """The job's failure and its causes, as text (PEMJA puts Python's traceback in)."""
+    parts = []
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        parts.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+def test_switched_restore_of_flink_keyed_state_fails_and_names_the_states(
+        backend, tmp_path, mysql_url):
+    ns = unique_namespace("frfl")
+    try:
+        savepoint = savepoint_off(backend, ns, mysql_url, tmp_path)
+        b = start("switch", 1, ns, mysql_url, tmp_path / "b.txt", records=RECORDS,
+                  throttle_ms=0.0, restore=savepoint, name="from-flink",
+                  extra={"state.backend.type": backend})
+        with pytest.raises(Exception) as failed:
+            finish(b)
+        text = failure_text(failed.value)
+        assert "StateCompatibilityError" in text, text[-3000:]
+        for state in FLINK_STATES:
+            assert state in text, (state, text[-3000:])
+        assert "state.backend.ndb.restore.flink-keyed-state: ignore" in text
+        assert not lines(tmp_path / "b.txt"), "a record was processed on lost state"
+    finally:
+        drop_namespace(mysql_url, ns)
+
+
+def test_ignore_starts_the_switched_state_empty_and_runs_on(tmp_path, mysql_url):
+    ns = unique_namespace("frfi")
+    try:
+        savepoint = savepoint_off("hashmap", ns, mysql_url, tmp_path)
+        first_a = {o[0]: o for o in reversed(lines(tmp_path / "a.txt"))}
+        ignore = {"state.backend.ndb.restore.flink-keyed-state": "ignore"}
+        b = start("switch", 1, ns, mysql_url, tmp_path / "b.txt", records=RECORDS,
+                  throttle_ms=2.0, restore=savepoint, name="from-flink", extra=ignore)
+        try:
+            deadline = time.monotonic() + 60
+            while len(lines(tmp_path / "b.txt")) < 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            savepoint_b = b.trigger_savepoint(str(tmp_path / "sp-b")).result()
+        except BaseException:
+            cancel(b)
+            raise
+        finish(b)
+        out = lines(tmp_path / "b.txt")
+        seqs = sorted(o[1] for o in out)
+        assert seqs == list(range(seqs[0], RECORDS)), "not each seq once to the end"
+        first_b: dict[str, tuple] = {}
+        for o in out:
+            first_b.setdefault(o[0], o)
+        assert len(first_b) == KEYS
+        for key, o in first_b.items():
+            # Started empty: the first record of each key counts 1, lists only itself.
+            assert o[2:5] == (1, 1, o[1]), (key, o, first_a.get(key))
+
+        # Flink's backend keeps the ignored states in the job's later snapshots, so a
+        # restore of one needs the setting again (README, the option's row).
+        c = start("switch", 1, ns, mysql_url, tmp_path / "c.txt", records=RECORDS,
+                  throttle_ms=0.0, restore=savepoint_b, name="from-flink")
+        with pytest.raises(Exception) as failed:
+            finish(c)
+        assert "'seqs' (list)" in failure_text(failed.value)
+    finally:
+        drop_namespace(mysql_url, ns)
