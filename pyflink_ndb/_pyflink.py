@@ -441,3 +441,25 @@ def stable_state_name(name: str) -> str:
             len(_REDUCE_STATE_PREFIX) + _UUID_LENGTH):
         return _REDUCE_STATE_PREFIX
     return name
+
+
+def install_stream_graph_check(check: Any) -> None:
+    """Call `check(j_stream_graph, j_configuration)` on every Java `StreamGraph` PyFlink
+    builds for a job, before it is used (`StreamExecutionEnvironment._generate_stream_graph`,
+    which `execute`, `execute_async` and `get_execution_plan` call, after PyFlink's Python
+    operator chaining). An exception from `check` fails that call. Installing twice keeps
+    PyFlink's original."""
+    from pyflink.datastream import StreamExecutionEnvironment
+    from pyflink.util.java_utils import get_j_env_configuration
+
+    original = getattr(StreamExecutionEnvironment, "_pyflink_ndb_original_generate", None)
+    if original is None:
+        original = StreamExecutionEnvironment._generate_stream_graph
+        StreamExecutionEnvironment._pyflink_ndb_original_generate = original
+
+    def generate_stream_graph(self: Any, *args: Any, **kwargs: Any) -> Any:
+        j_stream_graph = original(self, *args, **kwargs)
+        check(j_stream_graph, get_j_env_configuration(self._j_stream_execution_environment))
+        return j_stream_graph
+
+    StreamExecutionEnvironment._generate_stream_graph = generate_stream_graph

@@ -143,15 +143,17 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "`background`: lazy, and the background writer streams the key groups into "
                "the local tier in pages meanwhile (a key group done needs no store reads); "
                "needs `local.enabled` and `write.async`, else it is `eager`."),
-    OptionSpec("restore.flink-keyed-state", "restore_flink_keyed_state", "fail",
-               "What a switched operator does when the snapshot it restores holds keyed "
-               "state of Flink's own state backend for it (a savepoint or checkpoint taken "
-               "with the switch off): `fail` (the subtask fails with "
-               "StateCompatibilityError naming the states; Flink would drop them without a "
-               "word) or `ignore` (start this operator's pyflink-ndb state without them; "
-               "Flink's backend keeps them in this job's later snapshots, so their "
-               "restores need `ignore` too). Timers are Flink's in both cases and restore "
-               "as usual."),
+    OptionSpec("restore.backend-change", "restore_backend_change", "fail",
+               "What a restore does when the snapshot holds an operator's keyed state in "
+               "the other backend: Flink's own for an operator now on pyflink-ndb (taken "
+               "with the switch off; checked by each subtask at restore), or pyflink-ndb's "
+               "for an operator now on Flink's backend (taken with the switch on, restored "
+               "with it off; checked by `import pyflink_ndb` in the client when the job is "
+               "submitted). Flink itself would start that state empty without a word. "
+               "`fail`: StateCompatibilityError naming the operators or states; `ignore`: "
+               "start them empty on purpose (Flink's backend keeps ignored keyed state in "
+               "the job's later snapshots, so their restores need `ignore` too). Timers "
+               "are Flink's either way and restore as usual."),
     OptionSpec("restore.key-filter", "restore_key_filter", True,
                "With `restore.mode: lazy`: after a restore whose point reads found 1,000 "
                "keys the database does not hold, the background writer builds a "
@@ -246,7 +248,7 @@ class NdbStateOptions:
     python_gc_freeze: bool = True
     python_cpu_pin: str = "off"
     restore_mode: str = "lazy"
-    restore_flink_keyed_state: str = "fail"
+    restore_backend_change: str = "fail"
     restore_key_filter: bool = True
     read_ahead_records: int = 100
     read_ahead_max_wait_ms: int = 5
@@ -291,8 +293,8 @@ class NdbStateOptions:
         self._require(self.bundle_max_wait_ms >= 1, "bundle.max-wait-ms", "at least 1")
         self._require(self.restore_mode in ("lazy", "eager", "background"), "restore.mode",
                       "`lazy`, `eager` or `background`")
-        self._require(self.restore_flink_keyed_state in ("fail", "ignore"),
-                      "restore.flink-keyed-state", "`fail` or `ignore`")
+        self._require(self.restore_backend_change in ("fail", "ignore"),
+                      "restore.backend-change", "`fail` or `ignore`")
         self._require(parse_cpu_pin(self.python_cpu_pin) is not None, "python.cpu-pin",
                       "`off`, `auto` or a CPU number (0, 1, …)")
         self._require(self.on_fresh_start in ("fail", "resume", "truncate"),

@@ -295,3 +295,35 @@ def test_a_record_context_answers_for_the_record_of_a_bundle():
     timers.register_processing_time_timer(99)
     assert calls == [("processing", 3, 99, True), ("processing", 3, 99, False)]
     assert _pyflink.answer_from_bundle(object(), backend) is False  # takes no attributes
+
+
+def test_every_stream_graph_of_a_job_passes_the_restore_check(tmp_path, caplog):
+    """PyFlink builds a job's Java StreamGraph in `_generate_stream_graph` (execute,
+    execute_async, get_execution_plan); `import pyflink_ndb` wraps it so that the restore
+    check (pyflink_ndb.api.restore_check) sees each one, with its restore settings and the
+    job graph's operators (tests/test_switch_from_flink_state_flink.py runs it on Flink)."""
+    import sys
+
+    from pyflink.common import Configuration, Types
+    from pyflink.datastream import StreamExecutionEnvironment
+
+    import pyflink_ndb  # noqa: F401
+    from pyflink_ndb.api import restore_check
+
+    config = Configuration()
+    config.set_string("python.execution-mode", "thread")
+    config.set_string("python.executable", sys.executable)
+    config.set_string("execution.savepoint.path", str(tmp_path / "nowhere"))
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    env.from_collection([1, 2], Types.INT()).key_by(lambda v: v) \
+        .map(lambda v: v, output_type=Types.INT()).uid("doubled")
+    with caplog.at_level("WARNING"):
+        graph = env._generate_stream_graph(clear_transformations=False)
+    # a snapshot the client cannot read is left to Flink, and said
+    assert "could not check restored snapshot" in caplog.text
+    settings = graph.getSavepointRestoreSettings()
+    assert settings.restoreSavepoint() and str(tmp_path / "nowhere") in settings.getRestorePath()
+    ops = restore_check.job_operators(graph)
+    assert any(name == "uid doubled" for _, name, _ in ops), ops
+    assert all(len(op_id) == 32 for op_id, _, _ in ops), ops
+    assert StreamExecutionEnvironment._generate_stream_graph.__name__ == "generate_stream_graph"

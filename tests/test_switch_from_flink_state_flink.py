@@ -1,12 +1,15 @@
-"""A savepoint taken with the switch off, restored with it on (a new user's trial, 2026-12-07).
+"""A savepoint taken with the switch off, restored with it on, and the other way (a new
+user's trial, 2026-12-07).
 
 Real MiniCluster jobs (thread mode) on MariaDB: test_restores_across_jobs_flink's job (a
 ValueState, a ListState, a MapState and a TTL ValueState per key) runs on Flink's own state
 backend (HashMap or RocksDB), takes a savepoint and is cancelled. The same job restored
 from that savepoint with the job-wide switch on keeps its keyed state in pyflink-ndb, so
 Flink would drop the savepoint's keyed state without a word (it keeps restored state that no
-operator registers). The switched operator must refuse (`restore.flink-keyed-state: fail`,
+operator registers). The switched operator must refuse (`restore.backend-change: fail`,
 the default) and name the states, or, told to `ignore`, start its state empty and run on.
+The other way, a savepoint of the switched job restored with the switch off would start
+Flink's keyed state empty the same way: the client refuses the job at submission.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from test_restores_across_jobs_flink import (
     job_checkpoints,
     lines,
     run_until_checkpoint,
+    savepoint_then_cancel,
     start,
 )
 
@@ -80,7 +84,7 @@ def test_switched_restore_of_flink_keyed_state_fails_and_names_the_states(
         assert "StateCompatibilityError" in text, text[-3000:]
         for state in FLINK_STATES:
             assert state in text, (state, text[-3000:])
-        assert "state.backend.ndb.restore.flink-keyed-state: ignore" in text
+        assert "state.backend.ndb.restore.backend-change: ignore" in text
         assert not lines(tmp_path / "b.txt"), "a record was processed on lost state"
     finally:
         drop_namespace(mysql_url, ns)
@@ -91,7 +95,7 @@ def test_ignore_starts_the_switched_state_empty_and_runs_on(tmp_path, mysql_url)
     try:
         savepoint = savepoint_off("hashmap", ns, mysql_url, tmp_path)
         first_a = {o[0]: o for o in reversed(lines(tmp_path / "a.txt"))}
-        ignore = {"state.backend.ndb.restore.flink-keyed-state": "ignore"}
+        ignore = {"state.backend.ndb.restore.backend-change": "ignore"}
         b = start("switch", 1, ns, mysql_url, tmp_path / "b.txt", records=RECORDS,
                   throttle_ms=2.0, restore=savepoint, name="from-flink", extra=ignore)
         try:
@@ -121,5 +125,48 @@ def test_ignore_starts_the_switched_state_empty_and_runs_on(tmp_path, mysql_url)
         with pytest.raises(Exception) as failed:
             finish(c)
         assert "'seqs' (list)" in failure_text(failed.value)
+    finally:
+        drop_namespace(mysql_url, ns)
+
+
+def first_of_each_key(out: list[tuple]) -> dict[str, tuple]:
+    first: dict[str, tuple] = {}
+    for o in out:
+        first.setdefault(o[0], o)
+    return first
+
+
+def test_a_switched_savepoint_restored_with_the_switch_off_is_refused_at_submission(
+        tmp_path, mysql_url, caplog):
+    from pyflink_ndb.errors import StateCompatibilityError
+
+    ns = unique_namespace("tofl")
+    try:
+        savepoint, _ = savepoint_then_cancel("switch", ns, mysql_url, tmp_path,
+                                             tmp_path / "ckpt")
+        with pytest.raises(StateCompatibilityError) as refused:
+            start("flink", 1, ns, mysql_url, tmp_path / "b.txt", records=RECORDS,
+                  throttle_ms=0.0, restore=savepoint, name="to-flink")
+        message = str(refused.value)
+        assert "uid count (operator ID " in message, message
+        assert "state.backend.ndb.restore.backend-change: ignore" in message
+        assert not lines(tmp_path / "b.txt")
+
+        # The same savepoint with the switch on passes the check and restores its state.
+        b = start("switch", 1, ns, mysql_url, tmp_path / "b.txt", records=RECORDS,
+                  throttle_ms=0.0, restore=savepoint, name="to-flink")
+        finish(b)
+        check(lines(tmp_path / "b.txt"), RECORDS)
+
+        with caplog.at_level("WARNING"):
+            c = start("flink", 1, ns, mysql_url, tmp_path / "c.txt", records=RECORDS,
+                      throttle_ms=0.0, restore=savepoint, name="to-flink",
+                      extra={"state.backend.ndb.restore.backend-change": "ignore"})
+        finish(c)
+        assert "uid count" in caplog.text and "starts empty" in caplog.text
+        first = first_of_each_key(lines(tmp_path / "c.txt"))
+        assert len(first) == KEYS
+        for key, o in first.items():  # Flink's state started empty, as told
+            assert o[2:5] == (1, 1, o[1]), (key, o)
     finally:
         drop_namespace(mysql_url, ns)

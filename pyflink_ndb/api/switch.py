@@ -47,6 +47,7 @@ from pyflink_ndb.api.functions import (
     TieredKeyedProcessFunction,
     TieredWindowFunction,
 )
+from pyflink_ndb.api.restore_check import check_stream_graph
 from pyflink_ndb.api.stream import bridge_class, output_type_info, prepare_bridge
 from pyflink_ndb.config import PREFIX, misspelled_switch, option_value
 from pyflink_ndb.errors import ConfigurationError
@@ -182,5 +183,7 @@ def _keyed_broadcast(original: Any, connected: Any, func: Any, output_type: Any 
 
 def install() -> None:
     """Install the switch into PyFlink (idempotent; `import pyflink_ndb` does it). With the
-    key off, PyFlink builds every operator as before."""
+    key off, PyFlink builds every operator as before. Also installs the check of a restored
+    snapshot at job submission (:mod:`pyflink_ndb.api.restore_check`), on or off."""
     _pyflink.install_operator_factories(_one_input, _two_input, _keyed_broadcast)
+    _pyflink.install_stream_graph_check(check_stream_graph)

@@ -199,7 +199,7 @@ class SubtaskStateBackend:
         bridge); None: nobody waits.
     :raises StoreUnavailableError: the store cannot be reached.
     :raises NamespaceInUseError: see `on-fresh-start`.
-    :raises StateCompatibilityError: see `restore.flink-keyed-state`
+    :raises StateCompatibilityError: see `restore.backend-change`
         (:func:`check_flink_keyed_state`).
     """
 
@@ -729,7 +729,7 @@ class SubtaskStateBackend:
 
 def check_flink_keyed_state(options: NdbStateOptions, info: BindInfo) -> None:
     """Refuse a restore whose snapshot holds keyed state of Flink's own backend for this
-    operator (`restore.flink-keyed-state: fail`, the default).
+    operator (`restore.backend-change: fail`, the default).
 
     A switched operator keeps its keyed state in pyflink-ndb; only its timers are Flink's.
     Keyed value, list or map state of Flink's backend in its restored snapshot was written
@@ -752,10 +752,10 @@ def check_flink_keyed_state(options: NdbStateOptions, info: BindInfo) -> None:
                         info.subtask_index, info.restored_checkpoint_id)
         return
     named = ", ".join(f"{name!r} ({kind.lower()})" for name, kind in states)
-    if options.restore_flink_keyed_state == "ignore":
+    if options.restore_backend_change == "ignore":
         log.warning("pyflink-ndb %s/%d: restored checkpoint %d holds keyed state of "
                     "Flink's own state backend for this operator (%s), ignored as "
-                    "restore.flink-keyed-state says; this operator's pyflink-ndb state "
+                    "restore.backend-change says; this operator's pyflink-ndb state "
                     "starts without it", info.operator, info.subtask_index,
                     info.restored_checkpoint_id, named)
         return
@@ -767,7 +767,7 @@ def check_flink_keyed_state(options: NdbStateOptions, info: BindInfo) -> None:
         "on this operator keeps its keyed state in pyflink-ndb, so that state would be "
         "lost without an error. To keep it, restore this snapshot with the switch off. To "
         "start this operator's state in pyflink-ndb without it, set "
-        "state.backend.ndb.restore.flink-keyed-state: ignore (README, \"Limits\").")
+        "state.backend.ndb.restore.backend-change: ignore (README, \"Limits\").")
 
 
 def restored_tokens(store: StateStore, info: BindInfo) -> list[Token] | None:

@@ -180,7 +180,7 @@ final class StateBackendHooks {
      * written by the same operator running on Flink's own state backend (a savepoint or
      * checkpoint taken with the switch off). Flink keeps restored state that no operator
      * registers without a word, so Python refuses the restore unless told to ignore it
-     * ({@code state.backend.ndb.restore.flink-keyed-state}).
+     * ({@code state.backend.ndb.restore.backend-change}).
      *
      * <p>The names come from the state meta information that every keyed snapshot of
      * Flink's backends carries ({@code KeyedBackendSerializationProxy}), read through {@link
