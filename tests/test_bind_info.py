@@ -93,10 +93,10 @@ def test_keyed_state_of_flinks_backend_in_the_restored_snapshot_is_refused_by_na
     message = str(refused.value)
     assert "'n' (value), 'buckets' (map)" in message and "checkpoint 7" in message
     assert "restore this snapshot with the switch off" in message
-    assert "state.backend.ndb.restore.flink-keyed-state: ignore" in message
+    assert "state.backend.ndb.restore.backend-change: ignore" in message
 
     options, info = restoring([{"name": "n", "kind": "VALUE"}],
-                              **{"state.backend.ndb.restore.flink-keyed-state": "ignore"})
+                              **{"state.backend.ndb.restore.backend-change": "ignore"})
     with caplog.at_level("WARNING"):
         check_flink_keyed_state(options, info)  # ignored, said in the log
     assert "'n' (value)" in caplog.text and "ignored" in caplog.text
@@ -111,5 +111,5 @@ def test_keyed_state_of_flinks_backend_in_the_restored_snapshot_is_refused_by_na
         check_flink_keyed_state(options, info)
     assert "could not list" in caplog.text
 
-    with pytest.raises(ConfigurationError, match="restore.flink-keyed-state"):
-        from_flink_keys({"state.backend.ndb.restore.flink-keyed-state": "drop"})
+    with pytest.raises(ConfigurationError, match="restore.backend-change"):
+        from_flink_keys({"state.backend.ndb.restore.backend-change": "drop"})
