@@ -78,7 +78,8 @@ class Agg(KeyedProcessFunction):
 @click.option("--keys", type=int)
 @click.option("--parallelism", type=int, default=2)
 @click.option("--sleep-ms", type=float, default=0)
-def main(url, namespace, n, keys, parallelism, sleep_ms):
+@click.option("--plain", is_flag=True, help="Agg on Flink's own state backend.")
+def main(url, namespace, n, keys, parallelism, sleep_ms, plain):
     env = StreamExecutionEnvironment.get_execution_environment()
     env.set_parallelism(parallelism)
     keyed = (env.from_source(NumberSequenceSource(0, n - 1), WatermarkStrategy.no_watermarks(),
@@ -86,9 +87,12 @@ def main(url, namespace, n, keys, parallelism, sleep_ms):
              .map(Slow(sleep_ms, keys), output_type=Types.TUPLE([Types.STRING(), Types.LONG()]))
              .uid("slow")
              .key_by(lambda r: r[0], key_type=Types.STRING()))
-    out = pyflink_ndb.process(keyed, Agg(), output_type=Types.STRING(), uid="%UID%", options={
-        "state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
-        "state.backend.ndb.on-fresh-start": "fail"})
+    if plain:
+        out = keyed.process(Agg(), output_type=Types.STRING()).uid("%UID%")
+    else:
+        out = pyflink_ndb.process(keyed, Agg(), output_type=Types.STRING(), uid="%UID%",
+            options={"state.backend.ndb.url": url, "state.backend.ndb.namespace": namespace,
+                     "state.backend.ndb.on-fresh-start": "fail"})
     from pyflink.datastream.connectors import Sink
     from pyflink.java_gateway import get_gateway
     jvm = get_gateway().jvm
@@ -244,12 +248,12 @@ def cancel(jid: str) -> None:
     wait_state(jid, {"CANCELED"}, 90)
 
 
-def run_then_stop_with_savepoint(job: Path, url: str, ns: str, ckpts: int
+def run_then_stop_with_savepoint(job: Path, url: str, ns: str, ckpts: int, *extra: str
                                  ) -> tuple[str, str]:
-    """Submit the job (8 ms a record), let it complete `ckpts` checkpoints, stop it with a
-    savepoint (`flink stop --savepointPath`); returns the job id and the savepoint's
-    path."""
-    a = submit_detached(*job_args(job, url, ns, sleep_ms=8))
+    """Submit the job (8 ms a record; `extra`: more job arguments), let it complete `ckpts`
+    checkpoints, stop it with a savepoint (`flink stop --savepointPath`); returns the job
+    id and the savepoint's path."""
+    a = submit_detached(*job_args(job, url, ns, sleep_ms=8), *extra)
     wait_state(a, {"RUNNING"}, 120)
     wait_ckpts(a, ckpts)
     stop = flink("stop", "--savepointPath", (CLUSTER_DIR / "savepoints").as_uri(), a,
@@ -481,6 +485,28 @@ def test_stop_with_savepoint_restore_twice_and_listing(cluster, mysql_url, names
     print("listing:", listed, file=sys.stderr)
     assert [s["note"] for s in listed if s["kind"] == "savepoint"] == \
         ["pinned until released"], listed
+
+
+def test_a_change_of_backend_is_refused_both_ways(cluster, mysql_url, namespace, job_file):
+    """`flink run -s` across the two backends (README, "Limits";
+    `state.backend.ndb.restore.backend-change`): the pyflink-ndb job's savepoint restored
+    by the same job with Agg on Flink's backend (`--plain`) is refused by the client before
+    anything is submitted; the plain job's savepoint restored by the pyflink-ndb job fails
+    its subtasks with StateCompatibilityError naming the state. Flink alone would start the
+    state empty both times, without an error."""
+    ensure_two_tms()
+    jobs_before = len(rest("/jobs/overview")["jobs"])
+    _, sp = run_then_stop_with_savepoint(job_file, mysql_url, namespace, 2)
+    done, o = run_attached("-s", sp, *job_args(job_file, mysql_url, namespace, 0), "--plain")
+    assert done.returncode != 0, o[-4000:]
+    assert "StateCompatibilityError" in o and f"uid {UID} (operator ID" in o, o[-4000:]
+    assert len(rest("/jobs/overview")["jobs"]) == jobs_before + 1  # none submitted
+
+    _, plain_sp = run_then_stop_with_savepoint(job_file, mysql_url, namespace, 2, "--plain")
+    done, o = run_attached("-s", plain_sp, "-Drestart-strategy.type=none",
+                           *job_args(job_file, mysql_url, namespace, 0))
+    assert done.returncode != 0, o[-4000:]
+    assert "StateCompatibilityError" in o and "'agg' (value)" in o, o[-4000:] + log_tail()
 
 
 def test_kill_tm_then_cancel_then_restore_retained(cluster, mysql_url, namespace, job_file):
