@@ -35,10 +35,12 @@ from pyflink_ndb.stores.inspect import (
     list_namespaces,
     parse_key,
     sample_keys,
+    snapshot_descriptor,
     states_of,
     storage_by_state,
     to_jsonable,
 )
+from pyflink_ndb.stores.lineage import Descriptor
 from pyflink_ndb.stores.views import (
     check_server,
     create_views,
@@ -623,14 +625,41 @@ def status(url: str, namespace: str | None, as_json: bool) -> None:
 
 def _read_entries(store: StateStore, states: dict[str, list[StateInfo]], *, key: Any = None,
                   key_given: bool = False, after: Cursor | None = None,
-                  limit: int | None = None) -> Iterator[StateEntry]:
-    """Entries of every operator in turn (after the cursor's position)."""
+                  limit: int | None = None, snapshots: dict[str, Descriptor] | None = None
+                  ) -> Iterator[StateEntry]:
+    """Entries of every operator in turn (after the cursor's position); `snapshots`: the
+    snapshot to read per operator (None: what readers see)."""
     for op in sorted(states):
         if after is not None and op < after.operator:
             continue
         start = after if after is not None and after.operator == op else None
         yield from iter_entries(store, op, states[op], key=key, key_given=key_given,
-                                after=start, limit=limit)
+                                after=start, limit=limit,
+                                snapshot=None if snapshots is None else snapshots[op])
+
+
+_checkpoint = click.option(
+    "--checkpoint", "checkpoint_id", type=int, default=None,
+    help="Read this savepoint or retained checkpoint (its Flink checkpoint id, as "
+         "`savepoints --all` lists it) instead of what readers see.")
+_job = click.option("--job", default=None,
+                    help="With --checkpoint: the Flink job id that took it (a prefix will "
+                         "do), where several jobs took a checkpoint of that id.")
+
+
+def _snapshots(store: StateStore, ops: Sequence[str], checkpoint_id: int | None,
+               job: str | None) -> dict[str, Descriptor] | None:
+    """The snapshot each operator's reads use (`--checkpoint`, `--job`); None: what
+    readers see."""
+    if checkpoint_id is None:
+        if job is not None:
+            raise click.ClickException("--job chooses among the jobs of a --checkpoint; "
+                                       "give --checkpoint N too.")
+        return None
+    chosen = {op: snapshot_descriptor(store, op, checkpoint_id, job) for op in ops}
+    click.echo(f"-- checkpoint {checkpoint_id}{'' if job is None else ' of job ' + job}, "
+               "not necessarily what readers see", err=True)
+    return chosen
 
 
 @main.command()
@@ -643,13 +672,18 @@ def _read_entries(store: StateStore, states: dict[str, list[StateInfo]], *, key:
 @_key_type
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json",
               show_default=True)
+@_checkpoint
+@_job
 @click.argument("key")
 def get(url: str, namespace: str, operator: str | None, state_name: str | None,
-        key_type: str, fmt: str, key: str) -> None:
+        key_type: str, fmt: str, checkpoint_id: int | None, job: str | None,
+        key: str) -> None:
     """Print one key's committed value, as the state API returns it (a ListState's list,
     a MapState's mapping; values of any size; TTL-expired: absent). --operator may be
     left out where the namespace has one operator; without --state, every state of the
-    operator that holds the key is printed (one JSON line, or one table, each)."""
+    operator that holds the key is printed (one JSON line, or one table, each).
+    --checkpoint reads a savepoint or retained checkpoint instead (what a restore from it
+    would start with)."""
     with _opened(_open, url, namespace) as store:
         ops = _operators(store, namespace, operator)
         if len(ops) != 1:
@@ -658,11 +692,13 @@ def get(url: str, namespace: str, operator: str | None, state_name: str | None,
                 f"{': ' + ', '.join(ops) if ops else ''}; name one with --operator.")
         operator = operator or ops[0]
         states = _states(store, ops, state_name)
+        snapshots = _snapshots(store, ops, checkpoint_id, job)
         wanted = parse_key(key, key_type)
         for attempt in range(_STALE_ATTEMPTS):
             try:
                 found = list(_read_entries(store, states, key=wanted, key_given=True,
-                                           limit=1 if state_name is not None else None))
+                                           limit=1 if state_name is not None else None,
+                                           snapshots=snapshots))
                 break
             except StaleReadError:
                 if attempt == _STALE_ATTEMPTS - 1:
@@ -706,17 +742,23 @@ def get(url: str, namespace: str, operator: str | None, state_name: str | None,
 @_format
 @click.option("--width", default=60, show_default=True,
               help="Longest value text in the table (0: no limit).")
+@_checkpoint
+@_job
 def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
          key_text: str | None, prefix: str | None, key_type: str, limit: int,
-         after: str | None, fmt: str, width: int) -> None:
+         after: str | None, fmt: str, width: int, checkpoint_id: int | None,
+         job: str | None) -> None:
     """Print committed entries page by page, one per state and key, decoded as the state API
-    returns them (a ListState's list, a MapState's mapping, TTL-expired entries hidden)."""
+    returns them (a ListState's list, a MapState's mapping, TTL-expired entries hidden).
+    --checkpoint reads a savepoint or retained checkpoint instead of what readers see."""
     if key_text is not None and prefix is not None:
         raise click.ClickException("Give --key or --prefix, not both.")
     if limit < 0:
         raise click.ClickException(f"--limit must be 0 (all) or more, not {limit}.")
     with _opened(_open, url, namespace) as store:
-        states = _states(store, _operators(store, namespace, operator), state_name)
+        ops = _operators(store, namespace, operator)
+        states = _states(store, ops, state_name)
+        snapshots = _snapshots(store, sorted(states), checkpoint_id, job)
         cursor = None if after is None else Cursor.from_token(after)
         key = None if key_text is None else parse_key(key_text, key_type)
 
@@ -733,7 +775,8 @@ def scan(url: str, namespace: str, operator: str | None, state_name: str | None,
                     or json.dumps(data, ensure_ascii=False).startswith(prefix))
 
         entries = _read_entries(store, states, key=key, key_given=key_text is not None,
-                                after=cursor, limit=None if prefix or not limit else limit)
+                                after=cursor, limit=None if prefix or not limit else limit,
+                                snapshots=snapshots)
         printed = 0
         last: StateEntry | None = None
         buffered: list[StateEntry] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,10 @@ def populate(store: StateStore, url: str, chunks: int = 3, chunk: int = CHUNK) -
     flights = list(departed_flights(flights_csv((chunks + 1) * chunk * 2)))
     ranges = key_group_ranges(2)
     dirs = [fast_tmpdir("cli-state-") for _ in ranges]
+    job = uuid.uuid4().hex  # one job, as a Flink job's subtasks
     subtasks = [LocalSubtask(store, NdbStateOptions(cache_max_entries=50), operator=OPERATOR,
                              subtask_index=i, key_group_start=a, key_group_end=b, clock=clock,
-                             local_dir=dirs[i])
+                             local_dir=dirs[i], job_id=job)
                 for i, (a, b) in enumerate(ranges)]
     states = [_describe(s) for s in subtasks]
 
@@ -551,3 +553,63 @@ def test_a_namespace_the_store_lacks_names_those_it_holds(store: StateStore, sto
         assert model.namespace in out.output.split("its namespaces:")[1], out.output
     out = run("query", *base(model))
     assert "committed entr" in out.stderr
+
+
+def test_get_and_scan_read_a_given_savepoint_or_retained_checkpoint(flights: Flights):
+    """`--checkpoint N` reads what a restore from that snapshot would start with, not what
+    readers see (a user's request): checkpoint 2 holds the first two chunks of flights,
+    the savepoint 4 what readers see (checkpoint 3); the pending 5 is no snapshot."""
+    first_two = list(departed_flights(flights_csv(4 * CHUNK * 2)))[:2 * CHUNK]
+    at_2: dict[str, int] = {}
+    for tail, *_ in first_two:
+        at_2[tail] = at_2.get(tail, 0) + 1
+    moved = next(t for t in sorted(at_2) if flights.aircraft[t][0] > at_2[t])
+
+    def count(*extra: str) -> int:
+        out = run("get", *base(flights), "--state", "aircraft", moved, *extra)
+        return json.loads(out.stdout)["value"][0]
+
+    assert count("--checkpoint", "2") == at_2[moved]
+    assert count() == count("--checkpoint", "3") == count("--checkpoint", "4") \
+        == flights.aircraft[moved][0]
+    out = run("get", *base(flights), "--state", "aircraft", moved, "--checkpoint", "2")
+    assert "checkpoint 2" in out.stderr and json.loads(out.stdout)["checkpoint"] == 2
+
+    scanned = run("scan", *base(flights), "--state", "aircraft", "--limit", "0",
+                  "--format", "json", "--checkpoint", "2").stdout.splitlines()
+    assert {json.loads(x)["key"]: json.loads(x)["value"][0] for x in scanned} == at_2
+
+    out = run("get", *base(flights), "--state", "aircraft", moved, "--checkpoint", "5",
+              ok=False)
+    assert "no restorable snapshot of checkpoint 5" in out.output and "2, 3, 4" in out.output
+    out = run("get", *base(flights), "--state", "aircraft", moved, "--job", "x", ok=False)
+    assert "give --checkpoint N too" in out.output
+    out = run("get", *base(flights), "--state", "aircraft", moved, "--checkpoint", "2",
+              "--job", "nojob", ok=False)
+    assert "of job nojob" in out.output
+
+
+def test_a_checkpoint_id_two_jobs_took_is_chosen_by_job(store: StateStore, store_kind: str,
+                                                         mysql_url: str, tmp_path: Path):
+    """Two jobs restored from one snapshot count on from its id, so both take a checkpoint
+    2: `--checkpoint 2` alone names both jobs, `--job` (a prefix) reads the one chosen."""
+    url = (f"sqlite:///{tmp_path / 'state.sqlite'}" if store_kind == "sqlite" else mysql_url)
+    model = Flights(url, store.namespace)
+    first = LocalSubtask(store, operator=OPERATOR, job_id="a" * 32)
+    value = first.context.get_state(ValueStateDescriptor("v", Types.LONG()))
+    first.key("k")
+    value.update(1)
+    first.checkpoint(1)
+    first.close()
+    for job, n in (("b" * 32, 10), ("c" * 32, 20)):
+        run_ = LocalSubtask(store, operator=OPERATOR, job_id=job, restored_checkpoint_id=1)
+        state = run_.context.get_state(ValueStateDescriptor("v", Types.LONG()))
+        run_.key("k")
+        state.update(n)
+        run_.checkpoint(2)
+        run_.close()
+    out = run("get", *base(model), "k", "--checkpoint", "2", ok=False)
+    assert "taken by 2 jobs" in out.output and "b" * 32 in out.output, out.output
+    for job, n in (("bbb", 10), ("ccc", 20)):
+        out = run("get", *base(model), "k", "--checkpoint", "2", "--job", job)
+        assert json.loads(out.stdout)["value"] == n

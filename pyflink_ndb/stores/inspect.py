@@ -383,8 +383,8 @@ def _read_rows(store: StateStore, operator: str, descriptor: Descriptor,
 
 def iter_entries(store: StateStore, operator: str, states: Sequence[StateInfo], *,
                  key: Any = None, key_given: bool = False, after: Cursor | None = None,
-                 limit: int | None = None, now_ms: int | None = None
-                 ) -> Iterator[StateEntry]:
+                 limit: int | None = None, now_ms: int | None = None,
+                 snapshot: Descriptor | None = None) -> Iterator[StateEntry]:
     """The committed entries of `operator`'s `states`, decoded, in (key group, state,
     key) order; TTL-expired entries (and list elements, map entries) left out.
 
@@ -394,12 +394,16 @@ def iter_entries(store: StateStore, operator: str, states: Sequence[StateInfo], 
         so that no more rows are read than the entries need, plus one page of lookahead
         for map and list states, whose entries span rows.
     :param now_ms: the time TTL is judged at (ms since the Unix epoch; default now).
+    :param snapshot: read this restorable snapshot (a savepoint or retained checkpoint:
+        :func:`snapshot_descriptor`) instead of what readers see (None, the default).
     :raises StaleReadError: garbage collection overtook the read (read again).
     :raises SerializationError: a stored value or key cannot be decoded here (its class is
         not importable in this interpreter).
     """
-    row = store.read_operator(operator)
-    if row is None or row.committed is None or not states:
+    if snapshot is None:
+        row = store.read_operator(operator)
+        snapshot = None if row is None else row.committed
+    if snapshot is None or not states:
         return
     now = int(time.time() * 1000) if now_ms is None else now_ms
     by_id = {s.state_id: s for s in states}
@@ -411,7 +415,7 @@ def iter_entries(store: StateStore, operator: str, states: Sequence[StateInfo], 
     def flush() -> StateEntry | None:
         return _entry(operator, by_id[group[0][0].state_id], group, group_checkpoint, now)
 
-    for stored, checkpoint in _read_rows(store, operator, row.committed, sorted(by_id),
+    for stored, checkpoint in _read_rows(store, operator, snapshot, sorted(by_id),
                                          key_bytes, after, page_rows):
         prefix, _ = split_key(stored.ukey)
         if key_bytes is not None and prefix != key_bytes:
@@ -433,6 +437,38 @@ def iter_entries(store: StateStore, operator: str, states: Sequence[StateInfo], 
         entry = flush()
         if entry is not None:
             yield entry
+
+
+def snapshot_descriptor(store: StateStore, operator: str, checkpoint: int,
+                        job: str | None = None) -> Descriptor:
+    """The restorable snapshot of `operator` that checkpoint or savepoint `checkpoint` took
+    (`pyflink-ndb savepoints --all` lists them), to read with :func:`iter_entries`.
+
+    :param checkpoint: Flink's checkpoint id (a savepoint's too).
+    :param job: the Flink job id that took it (a prefix will do); None: any. Needed where
+        several runs took a checkpoint of that id: a job restored from a snapshot counts
+        on from its id, so two jobs restored from one snapshot reuse ids.
+    :raises ConfigurationError: no completed snapshot of that id (the message lists the
+        ones there are), or several and `job` does not choose one (it lists their jobs).
+    """
+    rows = [r for r in store.list_snapshots(operator) if r.status == "completed"]
+    chosen = [r for r in rows if r.epoch == checkpoint and (job is None
+                                                             or r.job_id.startswith(job))]
+    if not chosen:
+        have = sorted({r.epoch for r in rows if job is None or r.job_id.startswith(job)})
+        of_job = "" if job is None else f" of job {job}"
+        raise ConfigurationError(
+            f"Operator {operator!r} has no restorable snapshot of checkpoint {checkpoint}"
+            f"{of_job}; it has {', '.join(map(str, have)) or 'none'} (pyflink-ndb "
+            "savepoints --all lists them).")
+    takers = sorted({(r.job_id, r.kind) for r in chosen})
+    if len({j for j, _ in takers}) > 1:
+        raise ConfigurationError(
+            f"Checkpoint {checkpoint} of operator {operator!r} was taken by "
+            f"{len(takers)} jobs ({', '.join(f'{j}: {k}' for j, k in takers)}); choose one "
+            "with --job (pyflink-ndb savepoints --all lists them).")
+    return Descriptor(tuple(sorted((r.token for r in chosen),
+                                   key=lambda t: (t.kg_start, t.kg_end))))
 
 
 def _live(expires: int | None, now: int) -> bool:
