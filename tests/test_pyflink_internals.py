@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 from pyflink.common import Time, Types
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
 
@@ -327,3 +328,12 @@ def test_every_stream_graph_of_a_job_passes_the_restore_check(tmp_path, caplog):
     assert any(name == "uid doubled" for _, name, _ in ops), ops
     assert all(len(op_id) == 32 for op_id, _, _ in ops), ops
     assert StreamExecutionEnvironment._generate_stream_graph.__name__ == "generate_stream_graph"
+    # a wrong value of the option is refused at once, by name
+    from pyflink.util.java_utils import get_j_env_configuration
+
+    from pyflink_ndb.errors import ConfigurationError
+
+    get_j_env_configuration(env._j_stream_execution_environment).setString(
+        "state.backend.ndb.restore.backend-change", "drop")
+    with pytest.raises(ConfigurationError, match="restore.backend-change"):
+        env._generate_stream_graph(clear_transformations=False)

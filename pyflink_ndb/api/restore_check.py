@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pyflink_ndb.config import PREFIX, option_value
-from pyflink_ndb.errors import ConfigurationError, StateCompatibilityError
+from pyflink_ndb.config import PREFIX, from_flink_keys
+from pyflink_ndb.errors import StateCompatibilityError
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,8 @@ def check_stream_graph(j_stream_graph: Any, j_configuration: Any) -> None:
     if settings is None or not settings.restoreSavepoint():
         return
     raw = j_configuration.getString(BACKEND_CHANGE_KEY, None)
-    policy = "fail" if raw is None else str(option_value("restore.backend-change", raw))
-    if policy not in ("fail", "ignore"):
-        raise ConfigurationError(f"{BACKEND_CHANGE_KEY}={raw!r}: use `fail` or `ignore`.")
+    policy = from_flink_keys({} if raw is None else {BACKEND_CHANGE_KEY: raw}
+                             ).restore_backend_change
     path = str(settings.getRestorePath())
     try:
         held = operators_with_ndb_state(path)
