@@ -3,6 +3,7 @@ the client's resolved default URL only when neither sets one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -91,7 +92,7 @@ def test_keyed_state_of_flinks_backend_in_the_restored_snapshot_is_refused_by_na
     with pytest.raises(StateCompatibilityError) as refused:
         check_flink_keyed_state(options, info)
     message = str(refused.value)
-    assert "'n' (value), 'buckets' (map)" in message and "checkpoint 7" in message
+    assert "'n' (value), 'buckets' (map)" in message and "savepoint 7" in message
     assert "restore this snapshot with the switch off" in message
     assert "state.backend.ndb.restore.backend-change: ignore" in message
 
@@ -110,6 +111,21 @@ def test_keyed_state_of_flinks_backend_in_the_restored_snapshot_is_refused_by_na
     with caplog.at_level("WARNING"):
         check_flink_keyed_state(options, info)
     assert "could not list" in caplog.text
+
+    # The snapshot's tokens are the operator's own (epoch = the restored checkpoint): the
+    # Flink states are a copy carried since an earlier `ignore`; restored as usual.
+    own = json.dumps({"fmt": 2, "branch": 1, "epoch": 7, "kg": [0, 127]})
+    options, info = restoring([{"name": "n", "kind": "VALUE"}])
+    info = dataclasses.replace(info, restored_tokens=(own,))
+    assert check_flink_keyed_state(options, info) is True
+    # Older tokens: a switch-off run carried an earlier switched run's snapshot; refused,
+    # and with `ignore` neither is restored.
+    older = json.dumps({"fmt": 2, "branch": 1, "epoch": 5, "kg": [0, 127]})
+    info = dataclasses.replace(info, restored_tokens=(older,))
+    with pytest.raises(StateCompatibilityError, match="checkpoint 5, which an earlier run"):
+        check_flink_keyed_state(options, info)
+    options, _ = restoring([], **{"state.backend.ndb.restore.backend-change": "ignore"})
+    assert check_flink_keyed_state(options, info) is False
 
     with pytest.raises(ConfigurationError, match="restore.backend-change"):
         from_flink_keys({"state.backend.ndb.restore.backend-change": "drop"})

@@ -172,7 +172,8 @@ def fresh_start_conflict(store: StateStore, options: NdbStateOptions, operator: 
     return NamespaceInUseError(
         f"Namespace {options.namespace!r} in {store.describe()} already holds committed "
         f"state of {who} (latest completed checkpoint "
-        f"{committed.checkpoint_id}) and this job starts without a checkpoint or savepoint. "
+        f"{committed.checkpoint_id}) and this job starts without pyflink-ndb state to restore "
+        "for it (no checkpoint or savepoint, or one that holds none for this operator). "
         "Restore the job from its checkpoint/savepoint (execution.state-recovery.path, "
         "formerly execution.savepoint.path; `flink run -s`), or set "
         "state.backend.ndb.on-fresh-start to `resume` (continue from that checkpoint) or "

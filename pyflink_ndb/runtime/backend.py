@@ -95,6 +95,8 @@ class BindInfo:
     key_group_start: int = 0
     key_group_end: int = 127
     restored_checkpoint_id: int | None = None
+    #: Flink's task name (the chained operators' names), for messages.
+    task_name: str | None = None
     #: Tokens of the restored snapshot (JSON texts from Flink's union list state, every
     #: subtask's); empty when the restored snapshot holds none for this operator.
     restored_tokens: tuple[str, ...] = ()
@@ -212,7 +214,7 @@ class SubtaskStateBackend:
         self.clock_ms = clock_ms
         self._key_groups = key_groups
         self._closed = False
-        check_flink_keyed_state(options, info)
+        restore_tokens = check_flink_keyed_state(options, info)
         self.store = store if store is not None else open_store(options)
         self._local: LocalTier | None = None
         self.tier_folder: str | None = None
@@ -297,7 +299,7 @@ class SubtaskStateBackend:
             #: Whether the operations chained after this one answer for bundles too
             #: (`answer_chained_timestamps`, in :meth:`attach_operation`).
             self._chain_answers = False
-            self.protocol.open(restored_tokens(self.store, info))
+            self.protocol.open(restored_tokens(self.store, info) if restore_tokens else None)
             #: The background prefetch (`restore.mode: background`), or None.
             self.prefetch: BackgroundPrefetch | None = None
             if options.restore_mode == "eager" or (
@@ -727,47 +729,65 @@ class SubtaskStateBackend:
                      (time.perf_counter() - started) * 1000, writer_ms, tiers_ms)
 
 
-def check_flink_keyed_state(options: NdbStateOptions, info: BindInfo) -> None:
-    """Refuse a restore whose snapshot holds keyed state of Flink's own backend for this
-    operator (`restore.backend-change: fail`, the default).
+def check_flink_keyed_state(options: NdbStateOptions, info: BindInfo) -> bool:
+    """Refuse a restore whose snapshot holds this operator's keyed state in Flink's own
+    backend (`restore.backend-change: fail`, the default).
 
     A switched operator keeps its keyed state in pyflink-ndb; only its timers are Flink's.
-    Keyed value, list or map state of Flink's backend in its restored snapshot was written
-    by the same operator with the switch off, and Flink keeps restored state that no
-    operator registers without a word (it only refuses state of operators missing from the
-    job: `execution.state-recovery.ignore-unclaimed-state`): the job would run on with that
-    state lost. The bridge lists those states at `initializeState`
-    (`StateBackendHooks.flinkKeyedStates`, from the state meta information of the restored
-    keyed backend).
+    Flink keeps restored state that no operator registers without a word (it only refuses
+    state of operators missing from the job: `execution.state-recovery.ignore-unclaimed-
+    state`), and carries it in the operator's later snapshots. The bridge lists those
+    states at `initializeState` (`StateBackendHooks.flinkKeyedStates`, from the state meta
+    information of the restored keyed backend). Three cases:
 
-    :raises StateCompatibilityError: such states were restored and the option is `fail`;
-        the message names them and both ways on.
+    * the snapshot's tokens are the operator's own, taken in this very snapshot (each
+      token's epoch is the restored checkpoint id): its keyed state is pyflink-ndb's, and
+      Flink's states are a copy carried since a restore that ignored them: restored as
+      usual, said in the log;
+    * no tokens: the snapshot was taken with the switch off: refused, or with `ignore` the
+      operator starts without that state;
+    * older tokens: taken with the switch off, by a run that carried an earlier switched
+      run's tokens, whose pyflink-ndb state is older than Flink's: refused, or with
+      `ignore` the operator starts without either (the stale tokens are not restored).
+
+    :returns: whether the restored tokens may be restored (False: start without them).
+    :raises StateCompatibilityError: a refusal; the message names the states, the task
+        and both ways on.
     """
     states = info.restored_flink_keyed_states
     if info.restored_checkpoint_id is None or not states:
         if states is None and info.restored_checkpoint_id is not None:
             log.warning("pyflink-ndb %s/%d: the bridge could not list the keyed states of "
-                        "Flink's backend in restored checkpoint %d; state written with the "
+                        "Flink's backend in restored snapshot %d; state written with the "
                         "switch off would not be noticed", info.operator,
                         info.subtask_index, info.restored_checkpoint_id)
-        return
+        return True
     named = ", ".join(f"{name!r} ({kind.lower()})" for name, kind in states)
+    epochs = {Token.from_json(t).epoch for t in info.restored_tokens}
+    where = (f"Operator {info.operator!r} ({info.task_name or 'task'}, subtask "
+             f"{info.subtask_index}) restores checkpoint or savepoint "
+             f"{info.restored_checkpoint_id}, whose snapshot holds keyed state of Flink's own "
+             f"state backend for it: {named}")
+    if epochs == {info.restored_checkpoint_id}:
+        log.info("pyflink-ndb %s/%d: snapshot %d is this operator's own; it also carries "
+                 "keyed state of Flink's backend (%s) that a restore ignored earlier "
+                 "(restore.backend-change: ignore), which stays ignored",
+                 info.operator, info.subtask_index, info.restored_checkpoint_id, named)
+        return True
+    older = "" if not epochs else (
+        f" It also carries the pyflink-ndb snapshot of checkpoint {max(epochs)}, which an "
+        "earlier run with the switch on took: older than that state, and not restored.")
     if options.restore_backend_change == "ignore":
-        log.warning("pyflink-ndb %s/%d: restored checkpoint %d holds keyed state of "
-                    "Flink's own state backend for this operator (%s), ignored as "
-                    "restore.backend-change says; this operator's pyflink-ndb state "
-                    "starts without it", info.operator, info.subtask_index,
-                    info.restored_checkpoint_id, named)
-        return
+        log.warning("%s.%s It is ignored, as restore.backend-change says: this operator's "
+                    "pyflink-ndb state starts without it.", where, older)
+        return False
     raise StateCompatibilityError(
-        f"Operator {info.operator!r} (subtask {info.subtask_index}) restores checkpoint "
-        f"{info.restored_checkpoint_id}, whose snapshot holds keyed state of Flink's own "
-        f"state backend for it: {named}. It was written with the switch off "
-        "(state.backend.ndb.enabled: false, or a job without pyflink-ndb); with the switch "
-        "on this operator keeps its keyed state in pyflink-ndb, so that state would be "
-        "lost without an error. To keep it, restore this snapshot with the switch off. To "
-        "start this operator's state in pyflink-ndb without it, set "
-        "state.backend.ndb.restore.backend-change: ignore (README, \"Limits\").")
+        f"{where}. It was written with the switch off (state.backend.ndb.enabled: false, or "
+        f"a job without pyflink-ndb).{older} With the switch on this operator keeps its "
+        "keyed state in pyflink-ndb, so that state would be lost without an error. To keep "
+        "it, restore this snapshot with the switch off. To start this operator's state in "
+        "pyflink-ndb without it, set state.backend.ndb.restore.backend-change: ignore "
+        "(README, \"Limits\").")
 
 
 def restored_tokens(store: StateStore, info: BindInfo) -> list[Token] | None:

@@ -56,6 +56,7 @@ def parse_bind_info(info_json: str) -> tuple[dict[str, Any], BindInfo]:
         key_group_start=int(info.get("key_group_start", 0)),
         key_group_end=int(info.get("key_group_end", 127)),
         restored_checkpoint_id=_opt_int(info.get("restored_checkpoint_id")),
+        task_name=info.get("task_name"),
         restored_tokens=tuple(str(t) for t in info.get("restored_tokens") or ()),
         restored_epoch_offset=_opt_int(info.get("restored_epoch_offset")),
         restored_flink_keyed_states=_flink_states(info.get("restored_flink_keyed_states", [])),

@@ -8,6 +8,7 @@ import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.StateRecoveryOptions;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
 import org.apache.flink.runtime.checkpoint.SavepointType;
+import org.apache.flink.runtime.execution.SuppressRestartsException;
 import org.apache.flink.runtime.state.CheckpointableKeyedStateBackend;
 import org.apache.flink.runtime.state.DoneFuture;
 import org.apache.flink.runtime.state.FullSnapshotResources;
@@ -255,15 +256,25 @@ final class StateBackendHooks {
         interpreter.set(PY_BIND_INFO, info);
         interpreter.set(PY_KEY_GROUPS, probe);
         interpreter.set(PY_LISTENER, listener);
-        interpreter.exec(
-                PY_BACKEND
-                        + " = ndb_bind("
-                        + PY_BIND_INFO
-                        + ", "
-                        + PY_KEY_GROUPS
-                        + ", "
-                        + PY_LISTENER
-                        + ")");
+        try {
+            interpreter.exec(
+                    PY_BACKEND
+                            + " = ndb_bind("
+                            + PY_BIND_INFO
+                            + ", "
+                            + PY_KEY_GROUPS
+                            + ", "
+                            + PY_LISTENER
+                            + ")");
+        } catch (Exception e) {
+            // PEMJA's PythonException is a checked exception thrown from native code
+            // without a declaration: caught here as Exception, rethrown as it is (precise
+            // rethrow) unless it is a refused change of backend.
+            if (isBackendChangeRefusal(e)) {
+                throw new SuppressRestartsException(e);
+            }
+            throw e;
+        }
         boundInterpreter = interpreter;
         Object tierFolder = interpreter.invokeMethod(PY_BACKEND, "process_tier_folder");
         if (tierFolder instanceof String) {
@@ -278,6 +289,26 @@ final class StateBackendHooks {
                 restoredCheckpointId,
                 restoredTokens.size(),
                 restoredEpochOffset);
+    }
+
+    /** The Python message of a refused change of backend (pyflink_ndb.runtime.backend). */
+    static final String BACKEND_CHANGE_REFUSAL = "state.backend.ndb.restore.backend-change: ignore";
+
+    /**
+     * A refused change of backend ({@code check_flink_keyed_state}: the restored snapshot
+     * holds this operator's keyed state in Flink's own backend) fails the job without
+     * restarts: every attempt would restore the same snapshot and be refused again, and
+     * Flink's default restart strategy (exponential delay, unlimited attempts) would restart
+     * it for ever with the cause only in its exception history. Flink fails a restore it
+     * cannot map the same way, at once ({@code execution.state-recovery.ignore-unclaimed-
+     * state}). {@link SuppressRestartsException} is Flink's non-recoverable error ({@code
+     * ExecutionFailureHandler} finds it in the cause chain), wrapped around it by {@link
+     * #bind}; other errors keep Flink's restart strategy.
+     */
+    static boolean isBackendChangeRefusal(Throwable e) {
+        String message = String.valueOf(e.getMessage());
+        return message.contains("StateCompatibilityError")
+                && message.contains(BACKEND_CHANGE_REFUSAL);
     }
 
     boolean isBound() {
