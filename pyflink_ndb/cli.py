@@ -860,11 +860,13 @@ def savepoints(url: str, namespace: str, operator: str | None, show_all: bool,
                       ",".join(map(str, r["branches"])), r["job"], r["created"], r["note"]]
                      for r in rows]):
                 click.echo(line)
-        what = "restorable snapshots" if show_all else "savepoints"
-        click.echo(f"-- {len(rows)} {what} in namespace {namespace}", err=True)
+        what = "restorable snapshot" if show_all else "savepoint"
+        click.echo(f"-- {len(rows)} {what}{'' if len(rows) == 1 else 's'} in namespace "
+                   f"{namespace}", err=True)
         if rows:
             click.echo(f"-- release one: pyflink-ndb release --url '{redact_url(url)}' "
-                       f"--namespace {namespace} --operator UID --checkpoint N", err=True)
+                       f"--namespace {namespace} --operator OPERATOR --checkpoint N (OPERATOR: as "
+                       "listed, or the uid it was given)", err=True)
 
 
 @main.command()

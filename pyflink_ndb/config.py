@@ -150,10 +150,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "for an operator now on Flink's backend (taken with the switch on, restored "
                "with it off; checked by `import pyflink_ndb` in the client when the job is "
                "submitted). Flink itself would start that state empty without a word. "
-               "`fail`: StateCompatibilityError naming the operators or states; `ignore`: "
-               "start them empty on purpose (Flink's backend keeps ignored keyed state in "
-               "the job's later snapshots, so their restores need `ignore` too). Timers "
-               "are Flink's either way and restore as usual."),
+               "`fail`: StateCompatibilityError naming the operators or states (in the "
+               "subtasks it fails the job without restarts); `ignore`: start them empty "
+               "on purpose. Flink's backend keeps ignored keyed state in the job's later "
+               "snapshots: the switched operator's own snapshots restore without the "
+               "setting, but restored with the switch off they bring that older state "
+               "back (README, \"Limits\"). Timers are Flink's either way and restore as "
+               "usual."),
     OptionSpec("restore.key-filter", "restore_key_filter", True,
                "With `restore.mode: lazy`: after a restore whose point reads found 1,000 "
                "keys the database does not hold, the background writer builds a "

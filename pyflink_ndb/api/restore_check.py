@@ -80,8 +80,11 @@ def check_stream_graph(j_stream_graph: Any, j_configuration: Any) -> None:
                       sorted(plain.items(), key=lambda item: item[1][0]))
     if policy == "ignore":
         log.warning("pyflink-ndb: snapshot %s holds pyflink-ndb state of %s, which this job "
-                    "runs on Flink's own state backend: their keyed state starts empty, as "
-                    "%s says", path, named, BACKEND_CHANGE_KEY)
+                    "runs on Flink's own state backend: ignored, as %s says. Their keyed "
+                    "state starts empty, unless the snapshot also carries an older copy of "
+                    "it in Flink's backend (left by a restore that ignored it when the "
+                    "switch was turned on), which Flink restores", path, named,
+                    BACKEND_CHANGE_KEY)
         return
     raise StateCompatibilityError(
         f"The snapshot this job restores ({path}) holds keyed state in pyflink-ndb for "
