@@ -121,6 +121,28 @@ def start(mode: str, p: int, ns: str, url: str, path: Path, *, records: int,
           name: str = "breaker-restores") -> Any:
     """Submit the job (:func:`build`) in `mode` at parallelism `p`; `jars` go on the
     job's classpath before the job is built (a `sink` may use their classes)."""
+    settings = job_settings(mode == "switch", ns, url, ckpt_dir=ckpt_dir, retained=retained,
+                            restore=restore, extra=extra)
+    env = thread_mode_env(1, settings)
+    if jars:
+        env.add_jars(*jars)
+    env.enable_checkpointing(interval_ms, CheckpointingMode.EXACTLY_ONCE)
+    build(env, mode, p, ndb_options(url, ns), path, records, throttle_ms, fail_marker, sink)
+    return env.execute_async(f"{name}-{mode}-p{p}")
+
+
+def ndb_options(url: str, ns: str) -> dict[str, str]:
+    """The store, namespace and a cache of 4 entries (misses reach the store)."""
+    return {"state.backend.ndb.url": url, "state.backend.ndb.namespace": ns,
+            "state.backend.ndb.cache.max-entries": "4"}
+
+
+def job_settings(switched: bool, ns: str, url: str, *, ckpt_dir: Path | None = None,
+                 retained: int = 2, restore: str | None = None,
+                 extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The Flink settings of these tests' jobs: `retained` checkpoints kept under
+    `ckpt_dir` (and on cancellation), `restore` the snapshot to start from, the job-wide
+    switch with :func:`ndb_options` when `switched`, then `extra` over all of it."""
     settings: dict[str, str] = {"execution.checkpointing.num-retained": str(retained)}
     if ckpt_dir is not None:
         settings["state.checkpoints.dir"] = ckpt_dir.as_uri()
@@ -128,17 +150,10 @@ def start(mode: str, p: int, ns: str, url: str, path: Path, *, records: int,
             "RETAIN_ON_CANCELLATION"
     if restore is not None:
         settings["execution.savepoint.path"] = restore
-    options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": ns,
-               "state.backend.ndb.cache.max-entries": "4"}
-    if mode == "switch":
-        settings.update({"state.backend.ndb.enabled": "true", **options})
+    if switched:
+        settings.update({"state.backend.ndb.enabled": "true", **ndb_options(url, ns)})
     settings.update(extra or {})
-    env = thread_mode_env(1, settings)
-    if jars:
-        env.add_jars(*jars)
-    env.enable_checkpointing(interval_ms, CheckpointingMode.EXACTLY_ONCE)
-    build(env, mode, p, options, path, records, throttle_ms, fail_marker, sink)
-    return env.execute_async(f"{name}-{mode}-p{p}")
+    return settings
 
 
 def lines(path: Path) -> list[tuple[Any, ...]]:
@@ -183,12 +198,13 @@ def job_checkpoints(ckpt_dir: Path, client: Any) -> dict[int, Path]:
     return {n: p for n, p in completed_checkpoints(ckpt_dir).items() if p.parent.name == job}
 
 
-def savepoint_then_cancel(mode: str, ns: str, url: str, tmp_path: Path, ckpt: Path
-                          ) -> tuple[str, int]:
-    """Job A (parallelism 1, retained 50, output a.txt) runs to checkpoint 3, takes a
-    savepoint and is cancelled; returns the savepoint's path and checkpoint id."""
+def savepoint_then_cancel(mode: str, ns: str, url: str, tmp_path: Path, ckpt: Path,
+                          extra: dict[str, str] | None = None) -> tuple[str, int]:
+    """Job A (parallelism 1, retained 50, output a.txt; `extra` settings) runs to
+    checkpoint 3, takes a savepoint and is cancelled; returns the savepoint's path and
+    checkpoint id."""
     a = start(mode, 1, ns, url, tmp_path / "a.txt", records=RECORDS,
-              throttle_ms=4.0, ckpt_dir=ckpt, retained=50)
+              throttle_ms=4.0, ckpt_dir=ckpt, retained=50, extra=extra)
     try:
         run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
         sp = a.trigger_savepoint(str(tmp_path / "sp")).result()
@@ -208,6 +224,25 @@ def run_until_checkpoint(client: Any, ckpt_dir: Path, n: int, path: Path,
             client.cancel().result()
             pytest.fail(f"checkpoint {n} not reached")
         time.sleep(0.05)
+
+
+def snapshot_then_cancel(client: Any, ckpt_dir: Path, n: int, path: Path,
+                         savepoint_dir: Path | None) -> str:
+    """Run `client` to its checkpoint `n` (`path`: its output, for the failure message),
+    take a savepoint into `savepoint_dir` (None: none), and cancel it; returns the
+    savepoint's path, or without one the newest retained checkpoint's."""
+    try:
+        run_until_checkpoint(client, ckpt_dir, n, path)
+        if savepoint_dir is not None:
+            savepoint = client.trigger_savepoint(str(savepoint_dir)).result()
+    except BaseException:
+        cancel(client)
+        raise
+    cancel(client)
+    if savepoint_dir is not None:
+        return str(savepoint)
+    retained = job_checkpoints(ckpt_dir, client)
+    return str(retained[max(retained)])
 
 
 def cancel(client: Any) -> None:

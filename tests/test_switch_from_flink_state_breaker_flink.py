@@ -62,8 +62,11 @@ from test_restores_across_jobs_flink import (
     check,
     finish,
     job_checkpoints,
+    job_settings,
     lines,
+    ndb_options,
     run_until_checkpoint,
+    snapshot_then_cancel,
     start,
 )
 from test_switch_from_flink_state_flink import FLINK_STATES, failure_text, savepoint_off
@@ -188,19 +191,9 @@ def start_timed(switched: bool, p: int, ns: str, url: str, path: Path, *, record
     `path`. (PyFlink 1.20's own session window operator fails every checkpoint:
     `ClassCastException: VoidNamespace cannot be cast to TimeWindow`, its merging window
     set; a job with the switch off leaves it out.)"""
-    settings: dict[str, str] = {"pipeline.auto-watermark-interval": "0",
-                                "execution.checkpointing.num-retained": "2"}
-    if ckpt_dir is not None:
-        settings["state.checkpoints.dir"] = ckpt_dir.as_uri()
-        settings["execution.checkpointing.externalized-checkpoint-retention"] = \
-            "RETAIN_ON_CANCELLATION"
-    if restore is not None:
-        settings["execution.savepoint.path"] = restore
-    if switched:
-        settings.update({"state.backend.ndb.enabled": "true", "state.backend.ndb.url": url,
-                         "state.backend.ndb.namespace": ns,
-                         "state.backend.ndb.cache.max-entries": "4"})
-    settings.update(extra or {})
+    settings = {"pipeline.auto-watermark-interval": "0",
+                **job_settings(switched, ns, url, ckpt_dir=ckpt_dir, restore=restore,
+                               extra=extra)}
     env = thread_mode_env(1, settings)
     env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
     src = env.from_source(NumberSequenceSource(0, records - 1),
@@ -371,13 +364,7 @@ def test_switched_windows_restore_their_own_savepoint(backend, backend_b, tmp_pa
     try:
         a = start_timed(True, 2, ns, mysql_url, tmp_path / "a.txt", records=records,
                         throttle_ms=4.0, ckpt_dir=ckpt, extra=extra)
-        try:
-            run_until_checkpoint(a, ckpt, 2, tmp_path / "a.txt")
-            savepoint = a.trigger_savepoint(str(tmp_path / "sp")).result()
-        except BaseException:
-            cancel(a)
-            raise
-        cancel(a)
+        savepoint = snapshot_then_cancel(a, ckpt, 2, tmp_path / "a.txt", tmp_path / "sp")
         b = start_timed(True, 2, ns, mysql_url, tmp_path / "b.txt", records=records,
                         restore=savepoint, extra={"state.backend.type": backend_b})
         finish(b)
@@ -416,16 +403,8 @@ def test_changelog_backend_snapshot_of_flink_state_is_refused(delegate, snapshot
     try:
         a = start("flink", 1, ns, mysql_url, tmp_path / "a.txt", records=RECORDS,
                   throttle_ms=4.0, ckpt_dir=ckpt, extra=extra, name="bfnc")
-        try:
-            run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
-            if snapshot == "savepoint":
-                path = a.trigger_savepoint(str(tmp_path / "sp")).result()
-        except BaseException:
-            cancel(a)
-            raise
-        cancel(a)
-        if snapshot == "checkpoint":
-            path = str(job_checkpoints(ckpt, a)[max(job_checkpoints(ckpt, a))])
+        path = snapshot_then_cancel(a, ckpt, 3, tmp_path / "a.txt",
+                                    tmp_path / "sp" if snapshot == "savepoint" else None)
         check(lines(tmp_path / "a.txt"), RECORDS, to_end=False)
         b = start("switch", 1, ns, mysql_url, tmp_path / "b.txt", records=RECORDS,
                   throttle_ms=0.0, restore=path, extra=extra, name="bfnc")
@@ -475,16 +454,8 @@ def test_rescaled_flink_snapshot_every_subtask_sees_the_states(
     try:
         a = start_timed(False, p_old, ns, mysql_url, tmp_path / "a.txt", records=records,
                         keys=1, sessions=False, throttle_ms=4.0, ckpt_dir=ckpt, extra=extra)
-        try:
-            run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
-            if snapshot == "savepoint":
-                path = a.trigger_savepoint(str(tmp_path / "sp")).result()
-        except BaseException:
-            cancel(a)
-            raise
-        cancel(a)
-        if snapshot == "checkpoint":
-            path = str(job_checkpoints(ckpt, a)[max(job_checkpoints(ckpt, a))])
+        path = snapshot_then_cancel(a, ckpt, 3, tmp_path / "a.txt",
+                                    tmp_path / "sp" if snapshot == "savepoint" else None)
 
         b = start_timed(True, p_new, ns, mysql_url, tmp_path / "b.txt", records=records,
                         keys=1, sessions=False, restore=path, extra=extra)
@@ -537,19 +508,9 @@ def start_two(switched: bool, ns: str, url: str, tmp_path: Path, run: str, *,
     {run}-count.txt / {run}-count2.txt; open() records to {run}-bind.txt."""
     from test_restores_across_jobs_flink import ROW, Throttle
 
-    settings: dict[str, str] = {"execution.checkpointing.num-retained": "2"}
-    if ckpt_dir is not None:
-        settings["state.checkpoints.dir"] = ckpt_dir.as_uri()
-        settings["execution.checkpointing.externalized-checkpoint-retention"] = \
-            "RETAIN_ON_CANCELLATION"
-    if restore is not None:
-        settings["execution.savepoint.path"] = restore
-    options = {"state.backend.ndb.url": url, "state.backend.ndb.namespace": ns,
-               "state.backend.ndb.cache.max-entries": "4"}
-    if switched:
-        settings.update({"state.backend.ndb.enabled": "true", **options})
-    settings.update(extra or {})
-    env = thread_mode_env(1, settings)
+    options = ndb_options(url, ns)
+    env = thread_mode_env(1, job_settings(switched, ns, url, ckpt_dir=ckpt_dir,
+                                          restore=restore, extra=extra))
     env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
     record = str(tmp_path / f"{run}-bind.txt")
     keyed = env.from_source(NumberSequenceSource(0, RECORDS - 1),
@@ -579,19 +540,13 @@ def test_two_keyed_operators_only_the_flink_one_is_refused(tmp_path, mysql_url):
     ckpt = tmp_path / "ckpt"
     try:
         a = start_two(False, ns, mysql_url, tmp_path, "a", throttle_ms=4.0, ckpt_dir=ckpt)
-        try:
-            run_until_checkpoint(a, ckpt, 3, tmp_path / "a-count.txt")
-            savepoint = a.trigger_savepoint(str(tmp_path / "sp")).result()
-        except BaseException:
-            cancel(a)
-            raise
-        cancel(a)
+        savepoint = snapshot_then_cancel(a, ckpt, 3, tmp_path / "a-count.txt",
+                                         tmp_path / "sp")
         check(lines(tmp_path / "a-count.txt"), RECORDS, to_end=False)
 
         b = start_two(True, ns, mysql_url, tmp_path, "b", throttle_ms=0.0, restore=savepoint)
-        text = expect_refusal(b, FLINK_STATES)
+        expect_refusal(b, FLINK_STATES)
         assert not lines(tmp_path / "b-count2.txt")
-        del text
 
         c = start_two(True, ns, mysql_url, tmp_path, "c", throttle_ms=0.0, restore=savepoint,
                       extra={"state.backend.ndb.restore.backend-change": "ignore"})
@@ -638,16 +593,8 @@ def start_kind(kind: str, switched: bool, ns: str, url: str, path: Path, *,
     from test_restores_across_jobs_flink import ROW, Throttle
     from test_switch_odd_keys_flink import BCAST, BcastCount, CoCount
 
-    settings: dict[str, str] = {"execution.checkpointing.num-retained": "2"}
-    if ckpt_dir is not None:
-        settings["state.checkpoints.dir"] = ckpt_dir.as_uri()
-    if restore is not None:
-        settings["execution.savepoint.path"] = restore
-    if switched:
-        settings.update({"state.backend.ndb.enabled": "true", "state.backend.ndb.url": url,
-                         "state.backend.ndb.namespace": ns,
-                         "state.backend.ndb.cache.max-entries": "4"})
-    env = thread_mode_env(1, settings)
+    env = thread_mode_env(1, job_settings(switched, ns, url, ckpt_dir=ckpt_dir,
+                                          restore=restore))
     env.enable_checkpointing(300, CheckpointingMode.EXACTLY_ONCE)
     src = env.from_source(NumberSequenceSource(0, RECORDS - 1),
                           WatermarkStrategy.no_watermarks(), "seq").uid("seq") \
@@ -688,13 +635,7 @@ def test_other_switched_operator_kinds_refuse_flink_keyed_state(kind, state, tmp
     try:
         a = start_kind(kind, False, ns, mysql_url, tmp_path / "a.txt", throttle_ms=4.0,
                        ckpt_dir=ckpt)
-        try:
-            run_until_checkpoint(a, ckpt, 2, tmp_path / "a.txt")
-            savepoint = a.trigger_savepoint(str(tmp_path / "sp")).result()
-        except BaseException:
-            cancel(a)
-            raise
-        cancel(a)
+        savepoint = snapshot_then_cancel(a, ckpt, 2, tmp_path / "a.txt", tmp_path / "sp")
         b = start_kind(kind, True, ns, mysql_url, tmp_path / "b.txt", throttle_ms=0.0,
                        restore=savepoint)
         expect_refusal(b, (state,))

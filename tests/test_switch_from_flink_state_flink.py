@@ -29,9 +29,7 @@ from test_restores_across_jobs_flink import (
     cancel,
     check,
     finish,
-    job_checkpoints,
     lines,
-    run_until_checkpoint,
     savepoint_then_cancel,
     start,
 )
@@ -46,15 +44,8 @@ FLINK_STATES = ("'n' (value)", "'seqs' (list)", "'buckets' (map)", "'prev' (valu
 def savepoint_off(backend: str, ns: str, url: str, tmp_path: Path) -> str:
     """The job with the switch off on `backend` to its third checkpoint, then a savepoint
     (cancelled after it); returns the savepoint's path."""
-    ckpt = tmp_path / "ckpt"
-    a = start("flink", 1, ns, url, tmp_path / "a.txt", records=RECORDS, throttle_ms=4.0,
-              ckpt_dir=ckpt, extra={"state.backend.type": backend}, name="from-flink")
-    try:
-        run_until_checkpoint(a, ckpt, 3, tmp_path / "a.txt")
-        savepoint = a.trigger_savepoint(str(tmp_path / "sp")).result()
-        assert job_checkpoints(ckpt, a)
-    finally:
-        cancel(a)
+    savepoint, _ = savepoint_then_cancel("flink", ns, url, tmp_path, tmp_path / "ckpt",
+                                         extra={"state.backend.type": backend})
     check(lines(tmp_path / "a.txt"), RECORDS, to_end=False)
     return savepoint
 
